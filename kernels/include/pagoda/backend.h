@@ -1,0 +1,89 @@
+#pragma once
+// The attention backend: owns the K/V pools and runs the append and split-KV
+// decode computations. The cache manager (block tables, reference counts) and the
+// engine (batching) live in server/ and drive a backend through this interface.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "pagoda/dtype.h"
+#include "pagoda/paged_kv.h"
+#include "pagoda/split_plan.h"
+#include "pagoda/status.h"
+
+namespace pagoda {
+
+// New tokens to scatter into their reserved slots of one layer.
+struct KvWrite {
+  int32_t layer = 0;
+  int32_t num_tokens = 0;
+  const int64_t* slots = nullptr;  // [num_tokens] flat slots (block * block_size + offset)
+  const void* k = nullptr;         // [num_tokens, num_kv_heads, head_dim]
+  const void* v = nullptr;         // [num_tokens, num_kv_heads, head_dim]
+  DType dtype = DType::kFloat32;   // element type of k and v (converted to the cache dtype)
+};
+
+// One decode launch: every sequence of the batch attends over its first
+// tables.lengths[b] tokens of `layer`.
+struct DecodeLaunch {
+  int32_t layer = 0;
+  BatchBlockTables tables;
+  const void* q = nullptr;   // [batch, num_q_heads, head_dim]
+  DType q_dtype = DType::kFloat32;
+  float scale = 0.f;         // softmax scale in natural units (> 0)
+  SplitMode mode = SplitMode::kDeterministic;
+  int32_t split_tokens = 512;
+};
+
+struct DecodeOutputs {
+  void* out = nullptr;       // [batch, num_q_heads, head_dim], dtype of q
+  float* lse = nullptr;      // [batch, num_q_heads] natural log, -inf for no keys; may be null
+  int32_t* splits = nullptr; // [batch] chunks per sequence; may be null
+  int32_t chunk_tokens = 0;  // chunk length the launch used
+  double attention_seconds = 0;  // partial + merge computation alone
+  double merge_seconds = 0;      // the merge alone (part of attention_seconds)
+  double transfer_seconds = 0;   // host<->device copies (0 on the CPU)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;         // "cpu" or "cuda"
+  virtual std::string device_name() const = 0;  // e.g. the CPU model or GPU name
+  virtual const CacheGeometry& geometry() const = 0;
+  // Workers the fast split plan balances over (threads, or resident CTAs).
+  virtual int32_t num_workers() const = 0;
+
+  virtual Status write_kv(const KvWrite& w) = 0;
+  // Copies block `src` into block `dst` in every layer (copy-on-write).
+  virtual Status copy_block(int32_t src, int32_t dst) = 0;
+  // Fills every element of the given blocks with NaN (tests: any read past a
+  // length then poisons the output).
+  virtual Status poison_blocks(const int32_t* blocks, int32_t count) = 0;
+  virtual Status decode(const DecodeLaunch& launch, DecodeOutputs& outputs) = 0;
+
+  // The memory-bandwidth baseline a kernel's achieved bandwidth is divided by,
+  // measured now on a buffer of `bytes` bytes, in bytes per second. CPU: a
+  // streaming read. CUDA: a device-to-device copy, bytes counted read + write.
+  virtual StatusOr<double> measure_memory_bandwidth(int64_t bytes) = 0;
+};
+
+struct BackendOptions {
+  std::string kind = "auto";  // auto, cpu, cuda
+  CacheGeometry geometry;
+  int32_t cpu_threads = 0;    // 0 = all cores
+  int32_t cuda_device = 0;
+  int32_t max_batch = 256;    // sizes the device workspaces
+};
+
+// Creates the backend `options.kind` names; "auto" picks CUDA when it was built
+// and a device is usable, the CPU otherwise.
+StatusOr<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);
+
+// Whether this build has the CUDA backend and, if so, whether a device answers.
+bool cuda_built();
+bool cuda_device_available();
+
+}  // namespace pagoda

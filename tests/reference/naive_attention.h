@@ -1,0 +1,34 @@
+#pragma once
+// The oracle: decode attention written apart from every backend. It gathers each
+// sequence's keys through the block table, materialises all scores in double and
+// runs a plain two-pass softmax. No online state, no merge, no base 2.
+
+#include <cstdint>
+#include <vector>
+
+#include "pagoda/paged_kv.h"
+
+namespace pagoda::testing {
+
+struct ReferenceResult {
+  std::vector<double> out;  // [batch, num_q_heads, head_dim]
+  std::vector<double> lse;  // [batch, num_q_heads], natural log; -inf for no keys
+};
+
+// k_pool / v_pool: the whole cache as double, laid out as CacheGeometry says.
+// q: [batch, num_q_heads, head_dim] as double. scale in natural units.
+ReferenceResult naive_decode(const CacheGeometry& g, const std::vector<double>& k_pool,
+                             const std::vector<double>& v_pool, int32_t layer,
+                             const BatchBlockTables& tables, const std::vector<double>& q,
+                             double scale);
+
+// Error of `got` against `want`: per-element max abs error, normalised mean
+// squared error sum((got-want)^2) / sum(want^2), and whether any value is NaN.
+struct ErrorStats {
+  double max_abs = 0;
+  double nmse = 0;
+  bool has_nan = false;
+};
+ErrorStats compare(const std::vector<double>& want, const std::vector<float>& got);
+
+}  // namespace pagoda::testing

@@ -1,0 +1,148 @@
+#include "unit/cache_fixture.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "pagoda/host_convert.h"
+
+namespace pagoda::testing {
+
+float round_to(float x, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return x;
+    case DType::kFloat16: return fp16_to_float(float_to_fp16(x));
+    case DType::kBFloat16: return bf16_to_float(float_to_bf16(x));
+  }
+  return x;
+}
+
+CacheFixture::CacheFixture(const FixtureOptions& options) : geometry_(options.geometry), rng_(options.seed) {
+  BackendOptions bo;
+  bo.kind = "cpu";
+  bo.geometry = geometry_;
+  bo.cpu_threads = options.threads;
+  auto backend = make_backend(bo);
+  if (!backend.ok()) throw std::runtime_error(backend.status().message());
+  backend_ = std::move(backend.value());
+  cache_ = std::make_unique<CacheManager>(*backend_);
+  std::vector<int32_t> all(geometry_.num_blocks);
+  for (int32_t b = 0; b < geometry_.num_blocks; ++b) all[b] = b;
+  EXPECT_TRUE(backend_->poison_blocks(all.data(), geometry_.num_blocks).ok());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  k_mirror_.assign(geometry_.pool_elements(), nan);
+  v_mirror_.assign(geometry_.pool_elements(), nan);
+}
+
+SequenceId CacheFixture::add_sequence(int32_t layer, int32_t length) {
+  const SequenceId id = cache_->create("test");
+  append_random(id, layer, length);
+  return id;
+}
+
+void CacheFixture::append_random(SequenceId id, int32_t layer, int32_t n) {
+  const size_t elems = static_cast<size_t>(n) * geometry_.num_kv_heads * geometry_.head_dim;
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> k(elems), v(elems);
+  for (float& x : k) x = normal(rng_);
+  for (float& x : v) x = normal(rng_);
+  append_rows(id, layer, n, k, v);
+}
+
+void CacheFixture::append_rows(SequenceId id, int32_t layer, int32_t n, const std::vector<float>& k,
+                               const std::vector<float>& v) {
+  auto before = cache_->info(id);
+  ASSERT_TRUE(before.ok()) << before.status().message();
+  const int32_t first = before->layer_lengths[layer];
+  auto len = cache_->append(id, layer, n, k.data(), v.data(), DType::kFloat32);
+  ASSERT_TRUE(len.ok()) << len.status().message();
+  ASSERT_EQ(*len, first + n);
+  mirror(id, layer, first, n, k, v);
+}
+
+void CacheFixture::mirror(SequenceId id, int32_t layer, int32_t first, int32_t n, const std::vector<float>& k,
+                          const std::vector<float>& v) {
+  const SequenceId ids[] = {id};
+  auto lease = cache_->acquire(layer, ids);
+  ASSERT_TRUE(lease.ok()) << lease.status().message();
+  const auto& blocks = lease->block_ids();
+  const CacheGeometry& g = geometry_;
+  for (int32_t t = 0; t < n; ++t) {
+    const int32_t pos = first + t;
+    const int32_t block = blocks[pos / g.block_size];
+    for (int32_t h = 0; h < g.num_kv_heads; ++h) {
+      const int64_t dst = g.element_offset(layer, block, h, pos % g.block_size);
+      const size_t src = (static_cast<size_t>(t) * g.num_kv_heads + h) * g.head_dim;
+      for (int32_t i = 0; i < g.head_dim; ++i) {
+        k_mirror_[dst + i] = round_to(k[src + i], g.dtype);
+        v_mirror_[dst + i] = round_to(v[src + i], g.dtype);
+      }
+    }
+  }
+}
+
+CacheFixture::Queries CacheFixture::random_queries(int32_t batch, DType dtype) {
+  const size_t elems = static_cast<size_t>(batch) * geometry_.num_q_heads * geometry_.head_dim;
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Queries q{std::vector<float>(elems), std::vector<uint8_t>(elems * dtype_size(dtype)), dtype};
+  for (float& x : q.values) x = round_to(normal(rng_), dtype);
+  convert_from_float(q.values.data(), q.bytes.data(), dtype, static_cast<int64_t>(elems));
+  return q;
+}
+
+void CacheFixture::append_spike(SequenceId id, int32_t layer, const Queries& q, int32_t row) {
+  const CacheGeometry& g = geometry_;
+  const size_t elems = static_cast<size_t>(g.num_kv_heads) * g.head_dim;
+  std::vector<float> k(elems), v(elems);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int32_t h = 0; h < g.num_kv_heads; ++h) {
+    const size_t q_off = (static_cast<size_t>(row) * g.num_q_heads + static_cast<size_t>(h) * g.group_size()) * g.head_dim;
+    for (int32_t i = 0; i < g.head_dim; ++i) {
+      k[static_cast<size_t>(h) * g.head_dim + i] = 4.f * q.values[q_off + i];
+      v[static_cast<size_t>(h) * g.head_dim + i] = normal(rng_);
+    }
+  }
+  append_rows(id, layer, 1, k, v);
+}
+
+CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q,
+                                           float scale, SplitMode mode, int32_t split_tokens) {
+  Decoded d;
+  auto lease = cache_->acquire(layer, ids);
+  EXPECT_TRUE(lease.ok()) << lease.status().message();
+  if (!lease.ok()) return d;
+  const int32_t batch = static_cast<int32_t>(ids.size());
+  const size_t rows = static_cast<size_t>(batch) * geometry_.num_q_heads;
+  d.out_bytes.resize(rows * geometry_.head_dim * dtype_size(q.dtype));
+  d.lse.resize(rows);
+  d.splits.resize(batch);
+  DecodeLaunch launch;
+  launch.layer = layer;
+  launch.tables = lease->tables();
+  launch.q = q.bytes.data();
+  launch.q_dtype = q.dtype;
+  launch.scale = scale;
+  launch.mode = mode;
+  launch.split_tokens = split_tokens;
+  DecodeOutputs out;
+  out.out = d.out_bytes.data();
+  out.lse = d.lse.data();
+  out.splits = d.splits.data();
+  const Status s = backend_->decode(launch, out);
+  EXPECT_TRUE(s.ok()) << s.message();
+  d.chunk_tokens = out.chunk_tokens;
+  d.out.resize(rows * geometry_.head_dim);
+  convert_to_float(d.out_bytes.data(), q.dtype, d.out.data(), static_cast<int64_t>(d.out.size()));
+  return d;
+}
+
+ReferenceResult CacheFixture::reference(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q,
+                                        double scale) {
+  auto lease = cache_->acquire(layer, ids);
+  EXPECT_TRUE(lease.ok()) << lease.status().message();
+  std::vector<double> qd(q.values.begin(), q.values.end());
+  return naive_decode(geometry_, k_mirror_, v_mirror_, layer, lease->tables(), qd, scale);
+}
+
+}  // namespace pagoda::testing

@@ -1,0 +1,85 @@
+#pragma once
+// A CPU backend and cache manager filled with seeded random K/V, mirrored in
+// double exactly as stored (rounded to the cache dtype) for the reference.
+// The whole pool starts as NaN: free blocks and the unused tail of every last
+// block stay NaN, so any read past a sequence's length poisons the output.
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "cache_manager.h"
+#include "pagoda/backend.h"
+#include "reference/naive_attention.h"
+
+namespace pagoda::testing {
+
+struct FixtureOptions {
+  CacheGeometry geometry;
+  int32_t threads = 1;
+  uint64_t seed = 1;
+};
+
+class CacheFixture {
+ public:
+  explicit CacheFixture(const FixtureOptions& options);
+
+  Backend& backend() { return *backend_; }
+  CacheManager& cache() { return *cache_; }
+  const CacheGeometry& geometry() const { return geometry_; }
+
+  // A new sequence whose layer `layer` holds `length` random tokens.
+  SequenceId add_sequence(int32_t layer, int32_t length);
+  // Appends `n` random tokens to `layer` of `id` through the cache manager.
+  void append_random(SequenceId id, int32_t layer, int32_t n);
+  // Appends given fp32 rows ([n, kv_heads, head_dim]) and mirrors them.
+  void append_rows(SequenceId id, int32_t layer, int32_t n, const std::vector<float>& k,
+                   const std::vector<float>& v);
+
+  // Random queries [batch, q_heads, head_dim], rounded to `dtype` (returned as
+  // fp32 values and as raw bytes of that dtype).
+  struct Queries {
+    std::vector<float> values;
+    std::vector<uint8_t> bytes;
+    DType dtype;
+  };
+  Queries random_queries(int32_t batch, DType dtype);
+
+  // Appends one token whose key, for every KV head, is 4x the query of the
+  // group's first head (row `row` of q): that head's row max then sits in the
+  // last block, where a missing rescale of acc shows.
+  void append_spike(SequenceId id, int32_t layer, const Queries& q, int32_t row);
+
+  // Decodes through the backend; output returned as fp32 values.
+  struct Decoded {
+    std::vector<float> out;
+    std::vector<float> lse;
+    std::vector<uint8_t> out_bytes;
+    std::vector<int32_t> splits;
+    int32_t chunk_tokens = 0;
+  };
+  Decoded decode(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q, float scale,
+                 SplitMode mode = SplitMode::kDeterministic, int32_t split_tokens = 64);
+
+  // The oracle over the mirrored cache.
+  ReferenceResult reference(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q, double scale);
+
+  std::mt19937_64& rng() { return rng_; }
+
+ private:
+  void mirror(SequenceId id, int32_t layer, int32_t first, int32_t n, const std::vector<float>& k,
+              const std::vector<float>& v);
+
+  CacheGeometry geometry_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CacheManager> cache_;
+  std::vector<double> k_mirror_;
+  std::vector<double> v_mirror_;
+  std::mt19937_64 rng_;
+};
+
+// Rounds an fp32 value to `dtype` and back.
+float round_to(float x, DType dtype);
+
+}  // namespace pagoda::testing

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include "cpu/decode_cpu.h"
@@ -37,15 +38,114 @@ HWY_INLINE void load_tile(const float* HWY_RESTRICT src, float* HWY_RESTRICT dst
 HWY_INLINE float dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, int64_t n) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  auto s0 = hn::Zero(df);
-  auto s1 = hn::Zero(df);
+  // Four independent chains: head_dim is a multiple of 4 vectors on every
+  // x86 target (64 = 4 x 16 lanes at most).
+  auto s0 = hn::Zero(df), s1 = hn::Zero(df), s2 = hn::Zero(df), s3 = hn::Zero(df);
   int64_t i = 0;
-  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
     s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::Load(df, b + i), s0);
     s1 = hn::MulAdd(hn::LoadU(df, a + i + lanes), hn::Load(df, b + i + lanes), s1);
+    s2 = hn::MulAdd(hn::LoadU(df, a + i + 2 * lanes), hn::Load(df, b + i + 2 * lanes), s2);
+    s3 = hn::MulAdd(hn::LoadU(df, a + i + 3 * lanes), hn::Load(df, b + i + 3 * lanes), s3);
   }
   for (; i < n; i += lanes) s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::Load(df, b + i), s0);
-  return hn::GetLane(hn::SumOfLanes(df, hn::Add(s0, s1)));
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+}
+
+// 2^x for x <= 0 (a score minus its running max), vectorised: Highway 1.0.3 has
+// no Exp2. x = n + f with f in [-0.5, 0.5]; 2^f from its degree-7 Taylor series
+// (truncation 5e-9, below fp32 rounding); 2^n built in the exponent bits.
+// Terms under 2^-126 of the row max, and -inf (padding), give exactly 0.
+template <class D, class V>
+HWY_INLINE V exp2_nonpositive(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  const auto underflow = hn::Lt(x, hn::Set(d, -126.f));
+  x = hn::Max(x, hn::Set(d, -126.f));
+  const auto n = hn::NearestInt(x);
+  const auto f = hn::Sub(x, hn::ConvertTo(d, n));
+  auto p = hn::Set(d, 1.5252733804059841e-05f);
+  p = hn::MulAdd(p, f, hn::Set(d, 1.5403530393381608e-04f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-03f));
+  p = hn::MulAdd(p, f, hn::Set(d, 9.6181291076284772e-03f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.5504108664821580e-02f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.4022650695910071e-01f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.9314718055994531e-01f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.f));
+  const auto scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n, hn::Set(di, 127))));
+  return hn::IfThenZeroElse(underflow, hn::Mul(p, scale));
+}
+
+// Tiles of one KV head are 4 KiB pieces scattered one block stride apart, which
+// the hardware prefetcher does not follow across pages: ask for the next tile
+// while the current one is computed.
+template <typename T>
+HWY_INLINE void prefetch_tile(const T* k, const T* v, int64_t elems) {
+  const int64_t bytes = elems * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < bytes; b += 64) {
+    hwy::Prefetch(reinterpret_cast<const uint8_t*>(k) + b);
+    hwy::Prefetch(reinterpret_cast<const uint8_t*>(v) + b);
+  }
+}
+
+// Position of the tile that starts at token `pos` of the chunk [pos, end).
+struct TileSpan {
+  int64_t offset;  // element offset of its first token in the layer's pool
+  int64_t tokens;
+};
+
+HWY_INLINE TileSpan tile_at(const PartialTask& t, int64_t pos) {
+  const CacheGeometry& g = *t.geometry;
+  const int32_t block = t.blocks[pos / g.block_size];
+  const auto slot = static_cast<int32_t>(pos % g.block_size);
+  const int64_t in_block = std::min<int64_t>(g.block_size - slot, t.end - pos);
+  return {g.element_offset(0, block, t.kv_head, slot), std::min(in_block, kTileTokens)};
+}
+
+// Folds one tile of n tokens into the states of every query head of the group.
+// kN = n when known at compile time (full tiles: loops unroll, scores stay in
+// registers), 0 for the partial tiles at block and chunk edges.
+template <int kN>
+HWY_INLINE void update_heads(const PartialTask& t, const float* HWY_RESTRICT k_tile,
+                             const float* HWY_RESTRICT v_tile, float* HWY_RESTRICT scores, int64_t n_runtime) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t n = kN ? kN : n_runtime;
+  const int64_t padded = (n + lanes - 1) / lanes * lanes;
+  const int64_t d = t.geometry->head_dim;
+  const int32_t group = t.geometry->group_size();
+  for (int32_t h = 0; h < group; ++h) {
+    const float* q = t.q + h * d;
+    for (int64_t j = 0; j < n; ++j) scores[j] = dot(q, k_tile + j * d, d);
+    for (int64_t j = n; j < padded; ++j) scores[j] = neg_inf<float>();
+    auto vmax = hn::Load(df, scores);
+    for (int64_t j = lanes; j < padded; j += lanes) vmax = hn::Max(vmax, hn::Load(df, scores + j));
+    const float m_new = std::max(t.m[h], hn::GetLane(hn::MaxOfLanes(df, vmax)));
+    const float c = rescale_factor(t.m[h], m_new);
+    const auto vm = hn::Set(df, m_new);
+    auto vsum = hn::Zero(df);
+    for (int64_t j = 0; j < padded; j += lanes) {
+      const auto p = exp2_nonpositive(df, hn::Sub(hn::Load(df, scores + j), vm));
+      hn::Store(p, df, scores + j);
+      vsum = hn::Add(vsum, p);
+    }
+    t.m[h] = m_new;
+    t.l[h] = t.l[h] * c + hn::GetLane(hn::SumOfLanes(df, vsum));
+
+    // acc = acc * c + sum_j p_j v_j, over two independent FMA chains.
+    float* acc = t.acc + h * d;
+    const auto vc = hn::Set(df, c);
+    for (int64_t i = 0; i < d; i += lanes) {
+      auto a0 = hn::Mul(hn::LoadU(df, acc + i), vc);
+      auto a1 = hn::Zero(df);
+      int64_t j = 0;
+      for (; j + 2 <= n; j += 2) {
+        a0 = hn::MulAdd(hn::Set(df, scores[j]), hn::Load(df, v_tile + j * d + i), a0);
+        a1 = hn::MulAdd(hn::Set(df, scores[j + 1]), hn::Load(df, v_tile + (j + 1) * d + i), a1);
+      }
+      if (j < n) a0 = hn::MulAdd(hn::Set(df, scores[j]), hn::Load(df, v_tile + j * d + i), a0);
+      hn::StoreU(hn::Add(a0, a1), df, acc + i);
+    }
+  }
 }
 
 template <typename T>
@@ -53,12 +153,11 @@ void partial_impl(const PartialTask& t) {
   const CacheGeometry& g = *t.geometry;
   const int32_t group = g.group_size();
   const int64_t d = g.head_dim;
-  const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
 
   HWY_ALIGN float k_tile[kTileTokens * 256];
   HWY_ALIGN float v_tile[kTileTokens * 256];
-  float scores[kTileTokens];
+  // Scores of one head over the tile, padded with -inf to whole vectors.
+  HWY_ALIGN float scores[64];  // >= kTileTokens rounded up to any target's lane count
 
   for (int32_t h = 0; h < group; ++h) {
     t.m[h] = neg_inf<float>();
@@ -68,37 +167,22 @@ void partial_impl(const PartialTask& t) {
 
   const auto* k_base = static_cast<const T*>(t.k_layer);
   const auto* v_base = static_cast<const T*>(t.v_layer);
+  TileSpan next = t.begin < t.end ? tile_at(t, t.begin) : TileSpan{0, 0};
   for (int64_t pos = t.begin; pos < t.end;) {
-    const int32_t block = t.blocks[pos / g.block_size];
-    const int32_t slot = static_cast<int32_t>(pos % g.block_size);
-    const int64_t in_block = std::min<int64_t>(g.block_size - slot, t.end - pos);
-    const int64_t n = std::min(in_block, kTileTokens);
-    const int64_t offset = g.element_offset(0, block, t.kv_head, slot);
+    const TileSpan tile = next;
+    const int64_t n = tile.tokens;
     // The tile's tokens are contiguous: [n][head_dim] inside one block and head.
-    load_tile(k_base + offset, k_tile, n * d);
-    load_tile(v_base + offset, v_tile, n * d);
+    load_tile(k_base + tile.offset, k_tile, n * d);
+    load_tile(v_base + tile.offset, v_tile, n * d);
+    if (pos + n < t.end) {
+      next = tile_at(t, pos + n);
+      prefetch_tile(k_base + next.offset, v_base + next.offset, next.tokens * d);
+    }
 
-    for (int32_t h = 0; h < group; ++h) {
-      const float* q = t.q + h * d;
-      float tile_max = neg_inf<float>();
-      for (int64_t j = 0; j < n; ++j) {
-        scores[j] = dot(q, k_tile + j * d, d);
-        tile_max = std::max(tile_max, scores[j]);
-      }
-      const float m_new = std::max(t.m[h], tile_max);
-      const float c = rescale_factor(t.m[h], m_new);
-      float sum = 0.f;
-      for (int64_t j = 0; j < n; ++j) sum += (scores[j] = exp2_of(scores[j] - m_new));
-      t.m[h] = m_new;
-      t.l[h] = t.l[h] * c + sum;
-
-      float* acc = t.acc + h * d;
-      const auto vc = hn::Set(df, c);
-      for (int64_t i = 0; i < d; i += lanes) {
-        auto a = hn::Mul(hn::LoadU(df, acc + i), vc);
-        for (int64_t j = 0; j < n; ++j) a = hn::MulAdd(hn::Set(df, scores[j]), hn::Load(df, v_tile + j * d + i), a);
-        hn::StoreU(a, df, acc + i);
-      }
+    if (n == kTileTokens) {
+      update_heads<kTileTokens>(t, k_tile, v_tile, scores, n);
+    } else {
+      update_heads<0>(t, k_tile, v_tile, scores, n);
     }
     pos += n;
   }

@@ -1,0 +1,228 @@
+#include "kernel_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "naive_decode.h"
+#include "pagoda/backend.h"
+#include "pagoda/host_convert.h"
+
+namespace pagoda::bench {
+namespace {
+
+struct KernelOptions {
+  std::string backend = "cpu";
+  int32_t batch = 8;
+  std::vector<int32_t> contexts = {4096};
+  int32_t q_heads = 32;
+  int32_t kv_heads = 8;
+  int32_t head_dim = 128;
+  int32_t block_size = 16;
+  std::string dtype = "fp16";
+  std::vector<std::string> modes = {"deterministic", "fast"};
+  int32_t split_tokens = 512;
+  int32_t threads = 2;
+  int32_t iters = 20;
+  bool naive = true;
+  bool json = false;
+};
+
+struct Row {
+  int32_t context = 0;
+  std::string mode;
+  double kernel_s = 0;      // median attention_seconds
+  double kv_bytes = 0;      // K/V bytes read per launch
+  double bandwidth = 0;     // kv_bytes / kernel_s
+  double baseline = 0;      // memory bandwidth measured in this run
+  double naive_s = 0;       // naive path, same inputs (0 when not run)
+  int32_t chunk_tokens = 0;
+};
+
+// Deterministic pseudo-random values in [-1, 1): cheap enough to fill gigabytes.
+float value_at(uint64_t i) {
+  i = (i + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+  i ^= i >> 31;
+  return static_cast<float>(i >> 40) / static_cast<float>(1 << 23) - 1.f;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int run(const KernelOptions& o) {
+  const auto dtype = parse_dtype(o.dtype);
+  if (!dtype) {
+    fmt::print(stderr, "pagoda-bench kernel: --dtype: expected fp32, fp16 or bf16, received '{}'\n", o.dtype);
+    return 2;
+  }
+  const int32_t max_context = *std::max_element(o.contexts.begin(), o.contexts.end());
+  const int32_t blocks_per_seq = (max_context + o.block_size - 1) / o.block_size;
+  BackendOptions bo;
+  bo.kind = o.backend;
+  bo.cpu_threads = o.threads;
+  bo.max_batch = o.batch;
+  bo.geometry = {1, o.q_heads, o.kv_heads, o.head_dim, o.block_size, o.batch * blocks_per_seq, *dtype};
+  auto made = make_backend(bo);
+  if (!made.ok()) {
+    fmt::print(stderr, "pagoda-bench kernel: {}\n", made.status().message());
+    return 2;
+  }
+  Backend& backend = **made;
+  const CacheGeometry& g = backend.geometry();
+
+  // Sequence b owns blocks [b * blocks_per_seq, (b + 1) * blocks_per_seq), filled
+  // token by token through the backend's own append path.
+  const int64_t row = static_cast<int64_t>(g.num_kv_heads) * g.head_dim;
+  NaiveCache naive_cache{g, o.batch, max_context};
+  {
+    constexpr int32_t kTokensPerWrite = 256;
+    std::vector<float> k(kTokensPerWrite * row), v(kTokensPerWrite * row);
+    std::vector<int64_t> slots(kTokensPerWrite);
+    for (int32_t b = 0; b < o.batch; ++b) {
+      for (int32_t t0 = 0; t0 < max_context; t0 += kTokensPerWrite) {
+        const int32_t n = std::min(kTokensPerWrite, max_context - t0);
+        for (int32_t t = 0; t < n; ++t) {
+          const int32_t pos = t0 + t;
+          slots[t] = flat_slot(b * blocks_per_seq + pos / g.block_size, pos % g.block_size, g.block_size);
+          for (int64_t e = 0; e < row; ++e) {
+            const uint64_t id = ((static_cast<uint64_t>(b) * max_context + pos) * row + e) * 2;
+            k[t * row + e] = value_at(id);
+            v[t * row + e] = value_at(id + 1);
+          }
+        }
+        const Status s = backend.write_kv({0, n, slots.data(), k.data(), v.data(), DType::kFloat32});
+        if (!s.ok()) {
+          fmt::print(stderr, "pagoda-bench kernel: append: {}\n", s.message());
+          return 1;
+        }
+        if (o.naive) naive_cache.store(b, t0, n, k.data(), v.data());
+      }
+    }
+  }
+  std::vector<int32_t> indptr(o.batch + 1), ids(static_cast<size_t>(o.batch) * blocks_per_seq);
+  for (int32_t b = 0; b <= o.batch; ++b) indptr[b] = b * blocks_per_seq;
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::vector<float> q(static_cast<size_t>(o.batch) * g.num_q_heads * g.head_dim);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = value_at(i + (1ull << 60));
+  std::vector<float> out(q.size()), lse(static_cast<size_t>(o.batch) * g.num_q_heads);
+  std::vector<int32_t> splits(o.batch);
+  const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
+
+  std::vector<Row> rows;
+  for (int32_t context : o.contexts) {
+    std::vector<int32_t> lengths(o.batch, context);
+    const double kv_bytes = static_cast<double>(o.batch) * context * g.token_kv_bytes();
+    auto baseline = backend.measure_memory_bandwidth(static_cast<int64_t>(kv_bytes));
+    if (!baseline.ok()) {
+      fmt::print(stderr, "pagoda-bench kernel: bandwidth: {}\n", baseline.status().message());
+      return 1;
+    }
+    double naive_s = 0;
+    if (o.naive) {
+      std::vector<double> times;
+      for (int32_t i = 0; i < std::max(3, o.iters / 5); ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        naive_cache.decode(q.data(), context, scale, out.data(), o.threads);
+        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      naive_s = median(times);
+    }
+    for (const std::string& mode : o.modes) {
+      DecodeLaunch launch;
+      launch.tables = {o.batch, indptr.data(), ids.data(), lengths.data()};
+      launch.q = q.data();
+      launch.scale = scale;
+      launch.mode = mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
+      launch.split_tokens = o.split_tokens;
+      DecodeOutputs d{out.data(), lse.data(), splits.data()};
+      std::vector<double> times;
+      for (int32_t i = 0; i < o.iters + 2; ++i) {
+        const Status s = backend.decode(launch, d);
+        if (!s.ok()) {
+          fmt::print(stderr, "pagoda-bench kernel: decode: {}\n", s.message());
+          return 1;
+        }
+        if (i >= 2) times.push_back(d.attention_seconds);  // two warm-up launches
+      }
+      Row r;
+      r.context = context;
+      r.mode = mode;
+      r.kernel_s = median(times);
+      r.kv_bytes = kv_bytes;
+      r.bandwidth = kv_bytes / r.kernel_s;
+      r.baseline = *baseline;
+      r.naive_s = naive_s;
+      r.chunk_tokens = d.chunk_tokens;
+      rows.push_back(r);
+    }
+  }
+
+  const std::string shape = fmt::format("batch {}, {} q heads, {} kv heads, head_dim {}, {} cache, block {}",
+                                        o.batch, g.num_q_heads, g.num_kv_heads, g.head_dim, dtype_name(g.dtype),
+                                        g.block_size);
+  if (o.json) {
+    fmt::print("{{\"benchmark\": \"kernel\", \"backend\": \"{}\", \"device\": \"{}\", \"batch\": {}, \"q_heads\": {}, "
+               "\"kv_heads\": {}, \"head_dim\": {}, \"dtype\": \"{}\", \"block_size\": {}, \"split_tokens\": {}, "
+               "\"rows\": [",
+               backend.name(), backend.device_name(), o.batch, g.num_q_heads, g.num_kv_heads, g.head_dim,
+               dtype_name(g.dtype), g.block_size, o.split_tokens);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      fmt::print("{}{{\"context\": {}, \"mode\": \"{}\", \"chunk_tokens\": {}, \"kernel_us\": {:.2f}, "
+                 "\"kv_gb_per_s\": {:.3f}, \"baseline_gb_per_s\": {:.3f}, \"fraction_of_baseline\": {:.4f}, "
+                 "\"naive_us\": {:.2f}, \"speedup_over_naive\": {:.3f}}}",
+                 i ? ", " : "", r.context, r.mode, r.chunk_tokens, r.kernel_s * 1e6, r.bandwidth / 1e9,
+                 r.baseline / 1e9, r.bandwidth / r.baseline, r.naive_s * 1e6,
+                 r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0);
+    }
+    fmt::print("]}}\n");
+    return 0;
+  }
+  fmt::print("pagoda-bench kernel: {} on {}\nshape: {}\n\n", backend.name(), backend.device_name(), shape);
+  fmt::print("{:>8} {:>14} {:>7} {:>11} {:>11} {:>13} {:>10} {:>11}\n", "context", "mode", "chunk", "kernel us",
+             "K/V GB/s", "baseline GB/s", "fraction", "vs naive");
+  for (const Row& r : rows) {
+    fmt::print("{:>8} {:>14} {:>7} {:>11.1f} {:>11.2f} {:>13.2f} {:>10.3f} {:>10.1f}x\n", r.context, r.mode,
+               r.chunk_tokens, r.kernel_s * 1e6, r.bandwidth / 1e9, r.baseline / 1e9, r.bandwidth / r.baseline,
+               r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_kernel_command(CLI::App& app) {
+  auto o = std::make_shared<KernelOptions>();
+  CLI::App* sub = app.add_subcommand("kernel", "Time the backend's decode in process on a named shape");
+  sub->add_option("--backend", o->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--batch", o->batch, "sequences per launch")->check(CLI::Range(1, 4096));
+  sub->add_option("--context", o->contexts, "tokens per sequence (comma-separated list)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--q-heads", o->q_heads, "query heads");
+  sub->add_option("--kv-heads", o->kv_heads, "KV heads");
+  sub->add_option("--head-dim", o->head_dim, "head dimension (64, 128, 256)");
+  sub->add_option("--block-size", o->block_size, "tokens per block");
+  sub->add_option("--dtype", o->dtype, "cache dtype: fp32, fp16, bf16");
+  sub->add_option("--mode", o->modes, "deterministic, fast (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"deterministic", "fast"}));
+  sub->add_option("--split-tokens", o->split_tokens, "split-KV chunk length in deterministic mode");
+  sub->add_option("--threads", o->threads, "CPU backend threads (0 = all cores)");
+  sub->add_option("--iters", o->iters, "timed launches per row (median reported)")->check(CLI::Range(1, 100000));
+  sub->add_flag("!--no-naive", o->naive, "skip the naive scores-materialised path");
+  sub->add_flag("--json", o->json, "print one JSON object instead of the table");
+  sub->callback([o] {
+    const int rc = run(*o);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace pagoda::bench

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/convert_simd.h"
+
 namespace pagoda {
 
 float fp16_to_float(uint16_t bits) {
@@ -37,7 +39,7 @@ void convert_to_float(const void* src, DType from, float* dst, int64_t n) {
   const auto* s16 = static_cast<const uint16_t*>(src);
   switch (from) {
     case DType::kFloat32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
-    case DType::kFloat16: for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_float(s16[i]); return;
+    case DType::kFloat16: cpu::fp16_to_float_n(s16, dst, n); return;
     case DType::kBFloat16: for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s16[i]); return;
   }
 }
@@ -46,7 +48,7 @@ void convert_from_float(const float* src, void* dst, DType to, int64_t n) {
   auto* d16 = static_cast<uint16_t*>(dst);
   switch (to) {
     case DType::kFloat32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
-    case DType::kFloat16: for (int64_t i = 0; i < n; ++i) d16[i] = float_to_fp16(src[i]); return;
+    case DType::kFloat16: cpu::float_to_fp16_n(src, d16, n); return;
     case DType::kBFloat16: for (int64_t i = 0; i < n; ++i) d16[i] = float_to_bf16(src[i]); return;
   }
 }

@@ -1,0 +1,50 @@
+// Bulk fp16 <-> fp32 conversions with Highway's runtime dispatch (F16C on x86
+// when present). The scalar fallback of the compiler's _Float16 goes through a
+// library call per element, which made appends conversion-bound.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/convert_simd.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/highway.h>
+
+#include "cpu/convert_simd.h"
+#include "pagoda/host_convert.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace pagoda::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+void Fp16ToFloat(const uint16_t* src, float* dst, int64_t n) {
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto* in = reinterpret_cast<const hwy::float16_t*>(src);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, in + i)), df, dst + i);
+  for (; i < n; ++i) dst[i] = fp16_to_float(src[i]);
+}
+
+void FloatToFp16(const float* src, uint16_t* dst, int64_t n) {
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  auto* out = reinterpret_cast<hwy::float16_t*>(dst);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, src + i)), dh, out + i);
+  for (; i < n; ++i) dst[i] = float_to_fp16(src[i]);
+}
+
+}  // namespace pagoda::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace pagoda::cpu {
+
+HWY_EXPORT(Fp16ToFloat);
+HWY_EXPORT(FloatToFp16);
+
+void fp16_to_float_n(const uint16_t* src, float* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(Fp16ToFloat)(src, dst, n); }
+void float_to_fp16_n(const float* src, uint16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(FloatToFp16)(src, dst, n); }
+
+}  // namespace pagoda::cpu
+#endif

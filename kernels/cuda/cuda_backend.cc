@@ -1,0 +1,193 @@
+// Creation of the CUDA backend and its block-level operations (copy, poison,
+// bandwidth baseline). Decode and append live in cuda_decode.cc.
+#include "cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_device_backend.h"
+#include "cuda/decode_dispatch.h"
+#include "cuda/decode_validation.h"
+#include "pagoda/split_plan.h"
+
+namespace pagoda::cuda {
+
+bool device_available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+StatusOr<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
+  auto backend = CudaBackend::create(options);
+  if (!backend.ok()) return backend.status();
+  return std::unique_ptr<Backend>(std::move(backend.value()));
+}
+
+StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& options) {
+  // Shape errors first: they are the caller's, with or without a GPU.
+  PAGODA_RETURN_IF_ERROR(validate_geometry(options.geometry));
+  if (options.max_batch <= 0) {
+    return InvalidArgument("max_batch: expected > 0, received {}", options.max_batch);
+  }
+  auto partial = find_partial_kernel(options.geometry.dtype, options.geometry.head_dim);
+  if (!partial.ok()) return partial.status();
+
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return Unavailable("backend 'cuda': expected a usable CUDA device, received {} ({})",
+                       err == cudaSuccess ? "no device" : cudaGetErrorName(err),
+                       err == cudaSuccess ? "cudaGetDeviceCount reported 0 devices"
+                                          : cudaGetErrorString(err));
+  }
+  if (options.cuda_device < 0 || options.cuda_device >= count) {
+    return InvalidArgument("cuda_device: expected 0..{}, received {}", count - 1,
+                           options.cuda_device);
+  }
+  std::unique_ptr<CudaBackend> backend(
+      new CudaBackend(options.geometry, options.cuda_device, partial.value()));
+  PAGODA_RETURN_IF_ERROR(backend->init(options.max_batch));
+  return backend;
+}
+
+CudaBackend::CudaBackend(const CacheGeometry& g, int device, const PartialKernel* partial)
+    : geometry_(g), device_(device), partial_(partial) {}
+
+CudaBackend::~CudaBackend() {
+  (void)cudaSetDevice(device_);
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  for (cudaEvent_t e : {ev_copy_in_, ev_partial_, ev_merge_, ev_done_, ev_copy_out_}) {
+    if (e != nullptr) (void)cudaEventDestroy(e);
+  }
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+int64_t CudaBackend::pool_bytes() const {
+  return geometry_.pool_elements() * static_cast<int64_t>(dtype_size(geometry_.dtype));
+}
+
+Status CudaBackend::init(int32_t max_batch) {
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
+  device_name_ = prop.name;
+  int ctas_per_sm = 0;
+  PAGODA_CUDA_RETURN_IF_ERROR(partial_->ctas_per_sm(&ctas_per_sm));
+  num_workers_ = prop.multiProcessorCount * (ctas_per_sm > 0 ? ctas_per_sm : 1);
+
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&ev_copy_in_, &ev_partial_, &ev_merge_, &ev_done_, &ev_copy_out_}) {
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(e));
+  }
+  PAGODA_RETURN_IF_ERROR(k_pool_.allocate(static_cast<size_t>(pool_bytes())));
+  PAGODA_RETURN_IF_ERROR(v_pool_.allocate(static_cast<size_t>(pool_bytes())));
+
+  // Workspaces for the largest batch over the whole pool without sharing: at
+  // most one work item per kMinFastChunkTokens tokens plus one per sequence.
+  const int64_t context = static_cast<int64_t>(geometry_.num_blocks) * geometry_.block_size;
+  const int64_t items = max_batch + (context + kMinFastChunkTokens - 1) / kMinFastChunkTokens;
+  const size_t q_bytes = static_cast<size_t>(max_batch) * geometry_.num_q_heads *
+                         geometry_.head_dim * sizeof(float);
+  PAGODA_RETURN_IF_ERROR(
+      reserve_decode(max_batch, geometry_.num_blocks + int64_t{max_batch}, items, q_bytes));
+  // One new token per sequence per step, in fp32 at most.
+  PAGODA_RETURN_IF_ERROR(reserve_append(
+      max_batch, static_cast<size_t>(geometry_.num_kv_heads) * geometry_.head_dim * sizeof(float)));
+  return Status::Ok();
+}
+
+Status CudaBackend::copy_block(int32_t src, int32_t dst) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int32_t ids[2] = {src, dst};
+  PAGODA_RETURN_IF_ERROR(validate_blocks(geometry_, ids, 2, "copy_block"));
+  if (src == dst) return Status::Ok();
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  const size_t elem = dtype_size(geometry_.dtype);
+  const size_t block_bytes = static_cast<size_t>(geometry_.block_stride()) * elem;
+  for (DeviceBuffer* pool : {&k_pool_, &v_pool_}) {
+    auto* base = static_cast<unsigned char*>(pool->data());
+    for (int32_t layer = 0; layer < geometry_.num_layers; ++layer) {
+      const size_t from = static_cast<size_t>(geometry_.element_offset(layer, src, 0, 0)) * elem;
+      const size_t to = static_cast<size_t>(geometry_.element_offset(layer, dst, 0, 0)) * elem;
+      PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base + to, base + from, block_bytes,
+                                                  cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::poison_blocks(const int32_t* blocks, int32_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PAGODA_RETURN_IF_ERROR(validate_blocks(geometry_, blocks, count, "poison_blocks"));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  // Runs of consecutive ids become one memset per layer (tests poison whole pools).
+  std::vector<int32_t> ids(blocks, blocks + count);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  const size_t elem = dtype_size(geometry_.dtype);
+  const size_t block_bytes = static_cast<size_t>(geometry_.block_stride()) * elem;
+  for (size_t first = 0; first < ids.size();) {
+    size_t last = first + 1;
+    while (last < ids.size() && ids[last] == ids[last - 1] + 1) ++last;
+    for (DeviceBuffer* pool : {&k_pool_, &v_pool_}) {
+      auto* base = static_cast<unsigned char*>(pool->data());
+      for (int32_t layer = 0; layer < geometry_.num_layers; ++layer) {
+        const size_t at =
+            static_cast<size_t>(geometry_.element_offset(layer, ids[first], 0, 0)) * elem;
+        // All-ones bytes are a NaN in fp32, fp16 and bf16 alike.
+        PAGODA_CUDA_RETURN_IF_ERROR(
+            cudaMemsetAsync(base + at, 0xFF, block_bytes * (last - first), stream_));
+      }
+    }
+    first = last;
+  }
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status::Ok();
+}
+
+StatusOr<double> CudaBackend::measure_memory_bandwidth(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes <= 0) return InvalidArgument("bytes: expected > 0, received {}", bytes);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  DeviceBuffer src;
+  DeviceBuffer dst;
+  PAGODA_RETURN_IF_ERROR(src.allocate(static_cast<size_t>(bytes)));
+  PAGODA_RETURN_IF_ERROR(dst.allocate(static_cast<size_t>(bytes)));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(src.data(), 0x3C, bytes, stream_));
+  constexpr int kReps = 5;
+  float best_ms = 0.f;
+  for (int rep = -1; rep < kReps; ++rep) {  // rep -1 warms up
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_copy_in_, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_done_, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev_done_));
+    float ms = 0.f;
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, ev_copy_in_, ev_done_));
+    if (rep >= 0 && (best_ms == 0.f || ms < best_ms)) best_ms = ms;
+  }
+  if (best_ms <= 0.f) return Internal("measure_memory_bandwidth: copy time was {} ms", best_ms);
+  // A copy reads and writes every byte.
+  return 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
+}
+
+Status CudaBackend::read_pools(std::vector<unsigned char>* k, std::vector<unsigned char>* v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  const size_t bytes = static_cast<size_t>(pool_bytes());
+  k->resize(bytes);
+  v->resize(bytes);
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(k->data(), k_pool_.data(), bytes, cudaMemcpyDeviceToHost));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(v->data(), v_pool_.data(), bytes, cudaMemcpyDeviceToHost));
+  return Status::Ok();
+}
+
+}  // namespace pagoda::cuda

@@ -1,0 +1,245 @@
+// The CUDA backend's request paths: write_kv (stage, copy in, append kernel) and
+// decode (stage, copy in, partial + merge kernels, copy out). Inputs and outputs
+// travel through pinned staging buffers, each direction packed into one copy.
+#include <cstring>
+#include <limits>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_device_backend.h"
+#include "cuda/decode_validation.h"
+#include "cuda/work_list.h"
+#include "pagoda/softmax_state.h"
+
+namespace pagoda::cuda {
+namespace {
+
+// Byte offsets of the decode inputs packed into one buffer.
+struct InputLayout {
+  size_t q = 0;
+  size_t block_indptr = 0;  // [batch + 1]
+  size_t block_ids = 0;     // [block_indptr[batch]]
+  size_t lengths = 0;       // [batch]
+  size_t item_indptr = 0;   // [batch + 1]
+  size_t item_seq = 0;      // [items]
+  size_t item_chunk = 0;    // [items]
+  size_t total = 0;
+
+  InputLayout(int32_t batch, int64_t block_ids_count, int64_t items, size_t q_bytes) {
+    const size_t ints = sizeof(int32_t);
+    block_indptr = align_up(q_bytes);
+    block_ids = align_up(block_indptr + (batch + 1) * ints);
+    lengths = align_up(block_ids + static_cast<size_t>(block_ids_count) * ints);
+    item_indptr = align_up(lengths + batch * ints);
+    item_seq = align_up(item_indptr + (batch + 1) * ints);
+    item_chunk = align_up(item_seq + static_cast<size_t>(items) * ints);
+    total = align_up(item_chunk + static_cast<size_t>(items) * ints);
+  }
+};
+
+// Partial states: acc [items, q_heads, head_dim], m and l [items, q_heads].
+struct PartialLayout {
+  size_t acc = 0;
+  size_t m = 0;
+  size_t l = 0;
+  size_t total = 0;
+
+  PartialLayout(int64_t items, const CacheGeometry& g) {
+    const size_t rows = static_cast<size_t>(items) * g.num_q_heads;
+    m = align_up(rows * g.head_dim * sizeof(float));
+    l = align_up(m + rows * sizeof(float));
+    total = align_up(l + rows * sizeof(float));
+  }
+};
+
+// Outputs: out [batch, q_heads, head_dim] in q's dtype, then lse [batch, q_heads].
+struct OutputLayout {
+  size_t out = 0;
+  size_t lse = 0;
+  size_t total = 0;
+
+  OutputLayout(int32_t batch, const CacheGeometry& g, size_t out_elem) {
+    const size_t rows = static_cast<size_t>(batch) * g.num_q_heads;
+    lse = align_up(rows * g.head_dim * out_elem);
+    total = align_up(lse + rows * sizeof(float));
+  }
+};
+
+template <typename T>
+T* at(const void* base, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<unsigned char*>(const_cast<void*>(base)) + offset);
+}
+
+double elapsed_seconds(cudaEvent_t from, cudaEvent_t to, Status* status) {
+  float ms = 0.f;
+  const cudaError_t err = cudaEventElapsedTime(&ms, from, to);
+  if (err != cudaSuccess && status->ok()) {
+    *status = cuda_error_status(err, "cudaEventElapsedTime", __FILE__, __LINE__);
+  }
+  return ms * 1e-3;
+}
+
+}  // namespace
+
+Status CudaBackend::reserve_decode(int32_t batch, int64_t block_ids, int64_t items,
+                                   size_t q_bytes) {
+  const InputLayout in(batch, block_ids, items, q_bytes);
+  PAGODA_RETURN_IF_ERROR(staging_in_.reserve(in.total));
+  PAGODA_RETURN_IF_ERROR(device_in_.reserve(in.total));
+  PAGODA_RETURN_IF_ERROR(partials_.reserve(PartialLayout(items, geometry_).total));
+  const OutputLayout out(batch, geometry_, sizeof(float));
+  PAGODA_RETURN_IF_ERROR(device_out_.reserve(out.total));
+  PAGODA_RETURN_IF_ERROR(staging_out_.reserve(out.total));
+  return Status::Ok();
+}
+
+Status CudaBackend::reserve_append(int64_t tokens, size_t row_bytes) {
+  const size_t bytes = align_up(static_cast<size_t>(tokens) * sizeof(int64_t)) +
+                       2 * align_up(static_cast<size_t>(tokens) * row_bytes);
+  PAGODA_RETURN_IF_ERROR(append_staging_.reserve(bytes));
+  PAGODA_RETURN_IF_ERROR(append_device_.reserve(bytes));
+  return Status::Ok();
+}
+
+Status CudaBackend::write_kv(const KvWrite& w) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PAGODA_RETURN_IF_ERROR(validate_kv_write(geometry_, w));
+  if (w.num_tokens == 0) return Status::Ok();
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+
+  const size_t row_bytes =
+      static_cast<size_t>(geometry_.num_kv_heads) * geometry_.head_dim * dtype_size(w.dtype);
+  PAGODA_RETURN_IF_ERROR(reserve_append(w.num_tokens, row_bytes));
+  const size_t slots_off = 0;
+  const size_t k_off = align_up(static_cast<size_t>(w.num_tokens) * sizeof(int64_t));
+  const size_t kv_bytes = static_cast<size_t>(w.num_tokens) * row_bytes;
+  const size_t v_off = k_off + align_up(kv_bytes);
+  const size_t total = v_off + kv_bytes;
+
+  unsigned char* host = append_staging_.data();
+  std::memcpy(host + slots_off, w.slots, w.num_tokens * sizeof(int64_t));
+  std::memcpy(host + k_off, w.k, kv_bytes);
+  std::memcpy(host + v_off, w.v, kv_bytes);
+  void* dev = append_device_.data();
+  PAGODA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dev, host, total, cudaMemcpyHostToDevice, stream_));
+
+  AppendParams p;
+  p.geometry = geometry_;
+  p.k_pool = k_pool_.data();
+  p.v_pool = v_pool_.data();
+  p.layer = w.layer;
+  p.num_tokens = w.num_tokens;
+  p.slots = at<const int64_t>(dev, slots_off);
+  p.k = at<const void>(dev, k_off);
+  p.v = at<const void>(dev, v_off);
+  p.in_dtype = w.dtype;
+  PAGODA_CUDA_RETURN_IF_ERROR(launch_append(p, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PAGODA_RETURN_IF_ERROR(validate_decode(geometry_, launch));
+  const BatchBlockTables& t = launch.tables;
+  const int32_t batch = t.batch;
+  const int32_t chunk = launch_chunk_tokens(launch, geometry_, num_workers_);
+  outputs.chunk_tokens = chunk;
+  outputs.attention_seconds = outputs.merge_seconds = outputs.transfer_seconds = 0;
+  const int64_t items = count_work_items(t.lengths, batch, chunk);
+  if (items > std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument("split_tokens: expected a chunk length giving < 2^31 work items, "
+                           "received {} ({} items)",
+                           chunk, items);
+  }
+  if (outputs.splits != nullptr) {
+    for (int32_t b = 0; b < batch; ++b) outputs.splits[b] = num_chunks(t.lengths[b], chunk);
+  }
+  if (batch == 0) return Status::Ok();
+  if (outputs.out == nullptr) {
+    return InvalidArgument("out: expected a buffer of [{}, {}, {}], received a null pointer",
+                           batch, geometry_.num_q_heads, geometry_.head_dim);
+  }
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+
+  const CacheGeometry& g = geometry_;
+  const size_t q_elem = dtype_size(launch.q_dtype);
+  const size_t q_bytes = static_cast<size_t>(batch) * g.num_q_heads * g.head_dim * q_elem;
+  const int64_t ids_count = t.block_indptr[batch];
+  PAGODA_RETURN_IF_ERROR(reserve_decode(batch, ids_count, items, q_bytes));
+  const InputLayout in(batch, ids_count, items, q_bytes);
+  const PartialLayout part(items, g);
+  const OutputLayout out(batch, g, q_elem);
+
+  // Stage the inputs; the work list is written straight into pinned memory.
+  unsigned char* host = staging_in_.data();
+  std::memcpy(host + in.q, launch.q, q_bytes);
+  std::memcpy(host + in.block_indptr, t.block_indptr, (batch + 1) * sizeof(int32_t));
+  if (ids_count > 0) {
+    std::memcpy(host + in.block_ids, t.block_ids, ids_count * sizeof(int32_t));
+  }
+  std::memcpy(host + in.lengths, t.lengths, batch * sizeof(int32_t));
+  fill_work_list(t.lengths, batch, chunk, at<int32_t>(host, in.item_seq),
+                 at<int32_t>(host, in.item_chunk), at<int32_t>(host, in.item_indptr));
+
+  void* dev = device_in_.data();
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_copy_in_, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dev, host, in.total, cudaMemcpyHostToDevice, stream_));
+
+  PartialParams p;
+  p.geometry = g;
+  p.k_pool = k_pool_.data();
+  p.v_pool = v_pool_.data();
+  p.layer = launch.layer;
+  p.tables.batch = batch;
+  p.tables.block_indptr = at<const int32_t>(dev, in.block_indptr);
+  p.tables.block_ids = at<const int32_t>(dev, in.block_ids);
+  p.tables.lengths = at<const int32_t>(dev, in.lengths);
+  p.work.num_items = static_cast<int32_t>(items);
+  p.work.chunk_tokens = chunk;
+  p.work.item_seq = at<const int32_t>(dev, in.item_seq);
+  p.work.item_chunk = at<const int32_t>(dev, in.item_chunk);
+  p.work.item_indptr = at<const int32_t>(dev, in.item_indptr);
+  p.q = at<const void>(dev, in.q);
+  p.q_dtype = launch.q_dtype;
+  p.scale_log2 = scale_log2(launch.scale);
+  void* ws = partials_.data();
+  p.partials = {at<float>(ws, part.acc), at<float>(ws, part.m), at<float>(ws, part.l)};
+
+  MergeParams m;
+  m.batch = batch;
+  m.num_q_heads = g.num_q_heads;
+  m.head_dim = g.head_dim;
+  m.item_indptr = p.work.item_indptr;
+  m.acc = p.partials.acc;
+  m.m = p.partials.m;
+  m.l = p.partials.l;
+  m.out = at<void>(device_out_.data(), out.out);
+  m.out_dtype = launch.q_dtype;
+  m.lse = at<float>(device_out_.data(), out.lse);
+
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_partial_, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(partial_->launch(p, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_merge_, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(launch_merge(m, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_done_, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_out_.data(), device_out_.data(), out.total,
+                                              cudaMemcpyDeviceToHost, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_copy_out_, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+
+  const size_t rows = static_cast<size_t>(batch) * g.num_q_heads;
+  std::memcpy(outputs.out, staging_out_.data() + out.out, rows * g.head_dim * q_elem);
+  if (outputs.lse != nullptr) {
+    std::memcpy(outputs.lse, staging_out_.data() + out.lse, rows * sizeof(float));
+  }
+  Status status;
+  outputs.attention_seconds = elapsed_seconds(ev_partial_, ev_done_, &status);
+  outputs.merge_seconds = elapsed_seconds(ev_merge_, ev_done_, &status);
+  outputs.transfer_seconds = elapsed_seconds(ev_copy_in_, ev_partial_, &status) +
+                             elapsed_seconds(ev_done_, ev_copy_out_, &status);
+  return status;
+}
+
+}  // namespace pagoda::cuda

@@ -1,0 +1,58 @@
+// The split-KV merge: one warp per (sequence, query head) folds that sequence's
+// partial states into one, in chunk order, with the shared merge of
+// pagoda/softmax_state.h. Each lane owns 4 consecutive head_dim elements (float4).
+//
+// The running state starts empty, and merging a partial into the empty state
+// gives that partial's bits exactly (weights 0 and 1), so a one-chunk sequence
+// takes an exactly equivalent path. A zero-length sequence owns no partial: its
+// output is 0 (inverse_sum(0) = 0) and its LSE -inf.
+
+#include "cuda/device_convert.cuh"
+#include "cuda/kernel_params.h"
+#include "pagoda/softmax_state.h"
+
+namespace pagoda::cuda {
+namespace {
+
+constexpr int kMergeThreads = 32;
+
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams p) {
+  const int seq = blockIdx.x / p.num_q_heads;
+  const int head = blockIdx.x % p.num_q_heads;
+  const int first = p.item_indptr[seq];
+  const int last = p.item_indptr[seq + 1];
+  const int64_t out_row = static_cast<int64_t>(seq) * p.num_q_heads + head;
+
+  for (int quad = threadIdx.x; quad < p.head_dim / 4; quad += kMergeThreads) {
+    SoftmaxState<float, 4> total;
+    for (int i = first; i < last; ++i) {
+      const int64_t src = static_cast<int64_t>(i) * p.num_q_heads + head;
+      SoftmaxState<float, 4> part;
+      part.stats = {p.m[src], p.l[src]};
+      const float4 a = reinterpret_cast<const float4*>(p.acc + src * p.head_dim)[quad];
+      part.acc[0] = a.x;
+      part.acc[1] = a.y;
+      part.acc[2] = a.z;
+      part.acc[3] = a.w;
+      total.merge(part);
+    }
+    const float inv = inverse_sum(total.stats.l);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      store_from_float(p.out, p.out_dtype, out_row * p.head_dim + quad * 4 + k,
+                       total.acc[k] * inv);
+    }
+    if (quad == 0 && p.lse != nullptr) p.lse[out_row] = total.lse();
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_merge(const MergeParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.num_q_heads == 0) return cudaSuccess;
+  const unsigned ctas = static_cast<unsigned>(p.batch) * static_cast<unsigned>(p.num_q_heads);
+  merge_kernel<<<ctas, kMergeThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace pagoda::cuda

@@ -1,0 +1,299 @@
+#pragma once
+// The split-KV partial kernel: one CTA per (work item, KV head). A work item is
+// one chunk of one sequence; the CTA streams that chunk's K/V tokens of its KV
+// head through shared memory ONCE and every query head of the group reads them
+// from there, so each K/V byte leaves HBM once per decode step.
+//
+// Thread mapping (128 threads): kLanes threads share one token row, each owning
+// 8 consecutive head_dim elements (one 16-byte load for fp16/bf16, two for fp32);
+// the kSlices rows of lanes are split into head groups x token slices. A thread
+// holds kHeadsPerThread query heads in registers (q, m, l, acc), so every K/V
+// vector it widens to fp32 is reused by that many heads. This is the CUDA-core
+// form of the kernel (no tensor-core mma).
+//
+// Per chunk and head the result is the fp32 state (m base 2, l, unnormalised
+// acc) of pagoda/softmax_state.h; token slices are merged with merge_into in
+// slice order, so the bits depend on the chunk alone, never on the batch.
+
+#include <cstdint>
+
+#include "cuda/async_copy.cuh"
+#include "cuda/device_convert.cuh"
+#include "cuda/kernel_params.h"
+#include "pagoda/softmax_state.h"
+#include "pagoda/split_plan.h"
+
+namespace pagoda::cuda {
+
+template <typename T, int D>
+struct PartialConfig {
+  static constexpr int kThreads = 128;
+  static constexpr int kElems = 8;                   // head_dim elements per thread
+  static constexpr int kLanes = D / kElems;          // threads per token row: 8, 16, 32
+  static constexpr int kSlices = kThreads / kLanes;  // rows of lanes: 16, 8, 4
+  static constexpr int kHeadsPerThread = 4;          // query heads blocked in registers
+  static constexpr int kRowBytes = D * static_cast<int>(sizeof(T));
+  static constexpr int kChunksPerRow = kRowBytes / 16;         // 16-byte copies per row
+  static constexpr int kTileTokens = 4096 / kRowBytes;         // 4 KiB of K per stage
+  static constexpr int kTileBytes = kTileTokens * kRowBytes;   // of K, and again of V
+  static constexpr int kStages = 2;
+  static constexpr int kPipelineBytes = kStages * 2 * kTileBytes;
+  // The slice merge reuses the pipeline's shared memory once the chunk is done.
+  static constexpr int kScratchAccFloats = kSlices * kHeadsPerThread * D;
+  static constexpr int kScratchStatFloats = kSlices * kHeadsPerThread;
+  static constexpr int kScratchBytes = (kScratchAccFloats + 2 * kScratchStatFloats) * 4;
+  static constexpr int kSmemBytes = kPipelineBytes > kScratchBytes ? kPipelineBytes : kScratchBytes;
+
+  static_assert(D % kElems == 0 && kLanes <= 32 && 32 % kLanes == 0, "lanes must tile a warp");
+  static_assert(kTileTokens >= kSlices, "a tile must give every token slice a row");
+  static_assert(kSmemBytes <= 48 * 1024, "static shared memory limit");
+};
+
+// How a CTA spreads a group of `group` query heads over its rows of lanes:
+// head_groups x token_slices rows are used, `passes` > 1 only when the group is
+// larger than kSlices * kHeadsPerThread (the chunk is then streamed again).
+struct HeadLayout {
+  int head_groups;
+  int token_slices;
+  int passes;
+};
+
+template <int kSlices, int kHeadsPerThread>
+__device__ __forceinline__ HeadLayout head_layout(int group) {
+  const int head_blocks = (group + kHeadsPerThread - 1) / kHeadsPerThread;
+  const int head_groups = head_blocks < kSlices ? head_blocks : kSlices;
+  return {head_groups, kSlices / head_groups, (head_blocks + head_groups - 1) / head_groups};
+}
+
+// Adds one key (score s in base 2, value v) to a running state. The max only
+// moves up, and then what was accumulated is rescaled by the shared
+// rescale_factor (0 for the empty state, never exp2(-inf - -inf)).
+__device__ __forceinline__ void add_key(SoftmaxStats<float>& st, float (&acc)[8], float s,
+                                        const float (&v)[8]) {
+  if (s > st.m) {
+    const float c = rescale_factor(st.m, s);
+    st.l *= c;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= c;
+    st.m = s;
+  }
+  const float w = exp2_of(s - st.m);
+  st.l += w;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] += w * v[e];
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) {
+  using C = PartialConfig<T, D>;
+  constexpr int kHB = C::kHeadsPerThread;
+  __shared__ __align__(16) unsigned char smem[C::kSmemBytes];
+
+  const CacheGeometry g = p.geometry;
+  const int item = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int seq = p.work.item_seq[item];
+  const ChunkRange range =
+      chunk_range(p.tables.lengths[seq], p.work.chunk_tokens, p.work.item_chunk[item]);
+  // Lengths are int32, so token indices fit an int; offsets are int64 below.
+  const int begin = static_cast<int>(range.begin);
+  const int end = static_cast<int>(range.end);
+  const int32_t* seq_blocks = p.tables.block_ids + p.tables.block_indptr[seq];
+  const T* k_pool = static_cast<const T*>(p.k_pool);
+  const T* v_pool = static_cast<const T*>(p.v_pool);
+
+  const int tid = threadIdx.x;
+  const int lane = tid % C::kLanes;
+  const int slice = tid / C::kLanes;
+  const int group = g.group_size();
+  const HeadLayout layout = head_layout<C::kSlices, kHB>(group);
+  const int heads_per_thread = group < kHB ? group : kHB;  // the same in every thread
+  const int head_group = slice / layout.token_slices;
+  const int token_slice = slice % layout.token_slices;
+
+  auto k_stage = [&](int s) { return reinterpret_cast<T*>(smem + s * 2 * C::kTileBytes); };
+  auto v_stage = [&](int s) {
+    return reinterpret_cast<T*>(smem + s * 2 * C::kTileBytes + C::kTileBytes);
+  };
+
+  // Each thread copies the same kCopies 16-byte pieces of every tile (of K, and
+  // of V). The block ids of their rows are read one tile ahead, so the table
+  // lookup's latency hides behind a tile of compute; rows past `end` read none.
+  constexpr int kCopies = C::kTileTokens * C::kChunksPerRow / C::kThreads;
+  constexpr int kElemsPerCopy = 16 / static_cast<int>(sizeof(T));
+  static_assert(kCopies * C::kThreads == C::kTileTokens * C::kChunksPerRow, "whole copies");
+  auto fetch_blocks = [&](int tile_begin, int32_t (&blocks)[kCopies]) {
+#pragma unroll
+    for (int c = 0; c < kCopies; ++c) {
+      const int t = tile_begin + (tid + c * C::kThreads) / C::kChunksPerRow;
+      blocks[c] = t < end ? seq_blocks[t / g.block_size] : 0;
+    }
+  };
+  // Issues the copies of tokens [tile_begin, tile_begin + kTileTokens) that lie
+  // before `end`; rows past the length are neither read nor written.
+  auto load_tile = [&](int stage, int tile_begin, const int32_t (&blocks)[kCopies]) {
+    T* k_dst = k_stage(stage);
+    T* v_dst = v_stage(stage);
+#pragma unroll
+    for (int c = 0; c < kCopies; ++c) {
+      const int idx = tid + c * C::kThreads;
+      const int row = idx / C::kChunksPerRow;
+      const int part = idx % C::kChunksPerRow;
+      const int t = tile_begin + row;
+      if (t < end) {
+        const int64_t src =
+            g.element_offset(p.layer, blocks[c], kv_head, t % g.block_size) + part * kElemsPerCopy;
+        const int dst = row * D + part * kElemsPerCopy;
+        cp_async_16(k_dst + dst, k_pool + src);
+        cp_async_16(v_dst + dst, v_pool + src);
+      }
+    }
+    cp_async_commit();
+  };
+
+  const int num_tiles = (end - begin + C::kTileTokens - 1) / C::kTileTokens;
+  for (int pass = 0; pass < layout.passes; ++pass) {
+    // This thread's query heads: local heads [head0, head0 + nh) of the group.
+    const int head0 = (pass * layout.head_groups + head_group) * kHB;
+    int nh = head_group < layout.head_groups ? group - head0 : 0;
+    nh = nh < 0 ? 0 : (nh > kHB ? kHB : nh);
+    const bool active = nh > 0;
+
+    float q[kHB][8];
+    float acc[kHB][8];
+    SoftmaxStats<float> st[kHB];
+    const int64_t q_row0 = static_cast<int64_t>(seq) * g.num_q_heads + kv_head * group + head0;
+#pragma unroll
+    for (int j = 0; j < kHB; ++j) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        q[j][e] = j < nh ? load_as_float(p.q, p.q_dtype, (q_row0 + j) * D + lane * 8 + e) *
+                               p.scale_log2
+                         : 0.f;
+        acc[j][e] = 0.f;
+      }
+    }
+
+    int32_t next_blocks[kCopies];  // block ids of the next tile to load
+    fetch_blocks(begin, next_blocks);
+    if (num_tiles > 0) {
+      load_tile(0, begin, next_blocks);
+      fetch_blocks(begin + C::kTileTokens, next_blocks);
+    }
+    for (int it = 0; it < num_tiles; ++it) {
+      const int tile_begin = begin + it * C::kTileTokens;
+      if (it + 1 < num_tiles) {
+        load_tile((it + 1) & 1, tile_begin + C::kTileTokens, next_blocks);
+        fetch_blocks(tile_begin + 2 * C::kTileTokens, next_blocks);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+
+      const T* k_tile = k_stage(it & 1);
+      const T* v_tile = v_stage(it & 1);
+      // Every thread runs the same number of steps: the shuffles below need the
+      // whole warp. Rows past the tile or the length are computed on a clamped
+      // row and then dropped (by branch, never by multiplying by 0).
+      for (int r0 = 0; r0 < C::kTileTokens; r0 += layout.token_slices) {
+        const int r_raw = r0 + token_slice;
+        const int r = r_raw < C::kTileTokens ? r_raw : C::kTileTokens - 1;
+        const bool valid = active && r_raw < C::kTileTokens && tile_begin + r < end;
+
+        float kf[8];
+        widen8(k_tile + r * D + lane * 8, kf);
+        // Head slots past the group (MHA: 3 of 4) are skipped by a CTA-uniform
+        // branch, so the shuffles below still run in whole warps.
+        float dot[kHB];
+#pragma unroll
+        for (int j = 0; j < kHB; ++j) {
+          dot[j] = 0.f;
+          if (j >= heads_per_thread) continue;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dot[j] += q[j][e] * kf[e];
+        }
+        // Butterfly sum over the row's lanes: every lane ends with the same bits.
+#pragma unroll
+        for (int offset = C::kLanes / 2; offset > 0; offset /= 2) {
+#pragma unroll
+          for (int j = 0; j < kHB; ++j) {
+            if (j < heads_per_thread) dot[j] += __shfl_xor_sync(0xffffffffu, dot[j], offset);
+          }
+        }
+        if (valid) {
+          float vf[8];
+          widen8(v_tile + r * D + lane * 8, vf);
+#pragma unroll
+          for (int j = 0; j < kHB; ++j) {
+            if (j < nh) add_key(st[j], acc[j], dot[j], vf);
+          }
+        }
+      }
+      __syncthreads();  // the stage is overwritten by the next iteration's copies
+    }
+
+    // Merge the token slices of each head group in slice order. All copies were
+    // waited for (wait_group 0) and a barrier passed, so the scratch may alias
+    // the pipeline's buffers.
+    float* s_acc = reinterpret_cast<float*>(smem);  // [kSlices][kHB][D]
+    float* s_m = s_acc + C::kScratchAccFloats;      // [kSlices][kHB]
+    float* s_l = s_m + C::kScratchStatFloats;       // [kSlices][kHB]
+    if (active && token_slice > 0) {
+#pragma unroll
+      for (int j = 0; j < kHB; ++j) {
+        if (j >= nh) continue;
+        float* dst = s_acc + (slice * kHB + j) * D + lane * 8;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dst[e] = acc[j][e];
+        if (lane == 0) {
+          s_m[slice * kHB + j] = st[j].m;
+          s_l[slice * kHB + j] = st[j].l;
+        }
+      }
+    }
+    __syncthreads();
+    if (active && token_slice == 0) {
+      for (int other = 1; other < layout.token_slices; ++other) {
+        const int os = slice + other;
+#pragma unroll
+        for (int j = 0; j < kHB; ++j) {
+          if (j >= nh) continue;
+          const SoftmaxStats<float> o{s_m[os * kHB + j], s_l[os * kHB + j]};
+          merge_into(st[j], acc[j], o, s_acc + (os * kHB + j) * D + lane * 8, 8);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kHB; ++j) {
+        if (j >= nh) continue;
+        const int64_t row =
+            static_cast<int64_t>(item) * g.num_q_heads + kv_head * group + head0 + j;
+        float4* dst = reinterpret_cast<float4*>(p.partials.acc + row * D + lane * 8);
+        dst[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        dst[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+        if (lane == 0) {
+          p.partials.m[row] = st[j].m;
+          p.partials.l[row] = st[j].l;
+        }
+      }
+    }
+    __syncthreads();  // the next pass reuses the shared memory
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch_partial(const PartialParams& p, cudaStream_t stream) {
+  if (p.work.num_items == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(p.work.num_items),
+                  static_cast<unsigned>(p.geometry.num_kv_heads));
+  partial_kernel<T, D><<<grid, PartialConfig<T, D>::kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t partial_ctas_per_sm(int* ctas) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, partial_kernel<T, D>,
+                                                       PartialConfig<T, D>::kThreads, 0);
+}
+
+}  // namespace pagoda::cuda

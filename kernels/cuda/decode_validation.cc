@@ -34,6 +34,9 @@ Status validate_geometry(const CacheGeometry& g) {
     return InvalidArgument("num_q_heads: expected a multiple of num_kv_heads ({}), received {}",
                            g.num_kv_heads, g.num_q_heads);
   }
+  if (g.num_kv_heads > 65535) {  // the partial kernel's grid.y
+    return InvalidArgument("num_kv_heads: expected at most 65535, received {}", g.num_kv_heads);
+  }
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
     return InvalidArgument("head_dim: expected 64, 128 or 256, received {}", g.head_dim);
   }

@@ -1,0 +1,221 @@
+// Append, block copy and poison on the device, checked byte by byte against the
+// host's own conversion (round to nearest even) and the layout's offsets.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "pagoda/host_convert.h"
+#include "cuda/cuda_device_backend.h"
+#include "cuda/kv_fixture.h"
+
+namespace pagoda::testing {
+namespace {
+
+CacheGeometry geometry(DType cache) {
+  CacheGeometry g;
+  g.num_layers = 2;
+  g.num_kv_heads = 2;
+  g.num_q_heads = 4;
+  g.head_dim = 64;
+  g.block_size = 3;
+  g.num_blocks = 8;
+  g.dtype = cache;
+  return g;
+}
+
+struct Pools {
+  std::vector<unsigned char> k;
+  std::vector<unsigned char> v;
+};
+
+Pools read(Backend& b) {
+  Pools p;
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&b);
+  EXPECT_NE(cuda, nullptr);
+  if (cuda == nullptr) return p;
+  const Status s = cuda->read_pools(&p.k, &p.v);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return p;
+}
+
+bool all_ones(const unsigned char* bytes, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (bytes[i] != 0xFF) return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> poisoned_backend(const CacheGeometry& g) {
+  BackendOptions o;
+  o.kind = "cuda";
+  o.geometry = g;
+  o.max_batch = 4;
+  auto b = make_backend(o);
+  EXPECT_TRUE(b.ok()) << b.status().message();
+  if (!b.ok()) return nullptr;
+  std::vector<int32_t> all(g.num_blocks);
+  for (int32_t i = 0; i < g.num_blocks; ++i) all[i] = i;
+  EXPECT_TRUE(b.value()->poison_blocks(all.data(), g.num_blocks).ok());
+  return std::move(b.value());
+}
+
+struct DtypePair {
+  DType cache;
+  DType input;
+};
+
+class CudaAppend : public ::testing::TestWithParam<DtypePair> {};
+
+TEST_P(CudaAppend, WritesConvertedRowsIntoTheirSlotsAndNothingElse) {
+  PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
+  const CacheGeometry g = geometry(GetParam().cache);
+  const DType in = GetParam().input;
+  auto backend = poisoned_backend(g);
+  ASSERT_NE(backend, nullptr);
+
+  // Five tokens into scattered slots of layer 1, random full-mantissa values.
+  const std::vector<int64_t> slots = {0, 4, 5, 13, 23};
+  const int32_t row = g.num_kv_heads * g.head_dim;
+  const size_t n = slots.size() * row;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-3.f, 3.f);
+  std::vector<float> k32(n), v32(n);
+  for (size_t i = 0; i < n; ++i) {
+    k32[i] = u(rng);
+    v32[i] = u(rng);
+  }
+  std::vector<unsigned char> k_in(n * dtype_size(in)), v_in(n * dtype_size(in));
+  convert_from_float(k32.data(), k_in.data(), in, static_cast<int64_t>(n));
+  convert_from_float(v32.data(), v_in.data(), in, static_cast<int64_t>(n));
+  KvWrite w;
+  w.layer = 1;
+  w.num_tokens = static_cast<int32_t>(slots.size());
+  w.slots = slots.data();
+  w.k = k_in.data();
+  w.v = v_in.data();
+  w.dtype = in;
+  const Status s = backend->write_kv(w);
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  // Expected bytes: the host's conversion input -> cache dtype.
+  const size_t elem = dtype_size(g.dtype);
+  std::vector<unsigned char> k_want(n * elem), v_want(n * elem);
+  convert(k_in.data(), in, k_want.data(), g.dtype, static_cast<int64_t>(n));
+  convert(v_in.data(), in, v_want.data(), g.dtype, static_cast<int64_t>(n));
+
+  const Pools got = read(*backend);
+  ASSERT_EQ(got.k.size(), static_cast<size_t>(g.pool_elements()) * elem);
+  std::vector<bool> written(g.pool_elements(), false);
+  for (size_t t = 0; t < slots.size(); ++t) {
+    const int32_t block = static_cast<int32_t>(slots[t] / g.block_size);
+    const int32_t offset = static_cast<int32_t>(slots[t] % g.block_size);
+    for (int32_t h = 0; h < g.num_kv_heads; ++h) {
+      const int64_t at = g.element_offset(1, block, h, offset);
+      const size_t src = (t * row + h * g.head_dim) * elem;
+      EXPECT_EQ(0, std::memcmp(got.k.data() + at * elem, k_want.data() + src, g.head_dim * elem))
+          << "k of token " << t << " head " << h;
+      EXPECT_EQ(0, std::memcmp(got.v.data() + at * elem, v_want.data() + src, g.head_dim * elem))
+          << "v of token " << t << " head " << h;
+      for (int32_t i = 0; i < g.head_dim; ++i) written[at + i] = true;
+    }
+  }
+  for (int64_t i = 0; i < g.pool_elements(); ++i) {
+    if (written[i]) continue;
+    ASSERT_TRUE(all_ones(got.k.data() + i * elem, elem)) << "k element " << i << " was touched";
+    ASSERT_TRUE(all_ones(got.v.data() + i * elem, elem)) << "v element " << i << " was touched";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CacheAndInputDtypes, CudaAppend,
+    ::testing::Values(DtypePair{DType::kFloat16, DType::kFloat32},
+                      DtypePair{DType::kFloat16, DType::kBFloat16},
+                      DtypePair{DType::kFloat16, DType::kFloat16},
+                      DtypePair{DType::kBFloat16, DType::kFloat32},
+                      DtypePair{DType::kBFloat16, DType::kFloat16},
+                      DtypePair{DType::kBFloat16, DType::kBFloat16},
+                      DtypePair{DType::kFloat32, DType::kFloat32},
+                      DtypePair{DType::kFloat32, DType::kFloat16},
+                      DtypePair{DType::kFloat32, DType::kBFloat16}),
+    [](const ::testing::TestParamInfo<DtypePair>& info) {
+      return "kv" + std::string(dtype_name(info.param.cache)) + "_in" +
+             std::string(dtype_name(info.param.input));
+    });
+
+TEST(CudaBlocks, CopyBlockCopiesEveryLayerAndPoisonRestoresNaN) {
+  PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
+  const CacheGeometry g = geometry(DType::kBFloat16);
+  auto backend = poisoned_backend(g);
+  ASSERT_NE(backend, nullptr);
+  const int32_t row = g.num_kv_heads * g.head_dim;
+  std::vector<float> rows(static_cast<size_t>(g.block_size) * row);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i % 97) * 0.25f;
+  const std::vector<int64_t> slots = {6, 7, 8};  // block 2, every slot
+  for (int32_t layer = 0; layer < g.num_layers; ++layer) {
+    KvWrite w;
+    w.layer = layer;
+    w.num_tokens = g.block_size;
+    w.slots = slots.data();
+    w.k = rows.data();
+    w.v = rows.data();
+    ASSERT_TRUE(backend->write_kv(w).ok());
+  }
+  ASSERT_TRUE(backend->copy_block(2, 5).ok());
+  const size_t elem = dtype_size(g.dtype);
+  const size_t block_bytes = static_cast<size_t>(g.block_stride()) * elem;
+  Pools p = read(*backend);
+  for (int32_t layer = 0; layer < g.num_layers; ++layer) {
+    const size_t src = g.element_offset(layer, 2, 0, 0) * elem;
+    const size_t dst = g.element_offset(layer, 5, 0, 0) * elem;
+    EXPECT_EQ(0, std::memcmp(p.k.data() + src, p.k.data() + dst, block_bytes)) << "layer " << layer;
+    EXPECT_EQ(0, std::memcmp(p.v.data() + src, p.v.data() + dst, block_bytes)) << "layer " << layer;
+    EXPECT_FALSE(all_ones(p.k.data() + dst, block_bytes));
+    EXPECT_TRUE(all_ones(p.k.data() + g.element_offset(layer, 4, 0, 0) * elem, block_bytes));
+  }
+  const int32_t five = 5;
+  ASSERT_TRUE(backend->poison_blocks(&five, 1).ok());
+  p = read(*backend);
+  for (int32_t layer = 0; layer < g.num_layers; ++layer) {
+    EXPECT_TRUE(all_ones(p.k.data() + g.element_offset(layer, 5, 0, 0) * elem, block_bytes));
+    EXPECT_TRUE(all_ones(p.v.data() + g.element_offset(layer, 5, 0, 0) * elem, block_bytes));
+    EXPECT_FALSE(all_ones(p.k.data() + g.element_offset(layer, 2, 0, 0) * elem, block_bytes));
+  }
+}
+
+TEST(CudaBlocks, BadRequestsAreRefusedAndChangeNothing) {
+  PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
+  const CacheGeometry g = geometry(DType::kFloat16);
+  auto backend = poisoned_backend(g);
+  ASSERT_NE(backend, nullptr);
+  const Pools before = read(*backend);
+  const std::vector<int64_t> slots = {0, 24};  // 8 blocks x 3 slots: 24 is past the pool
+  const std::vector<float> rows(2 * g.num_kv_heads * g.head_dim, 1.f);
+  KvWrite w;
+  w.layer = 0;
+  w.num_tokens = 2;
+  w.slots = slots.data();
+  w.k = rows.data();
+  w.v = rows.data();
+  EXPECT_EQ(backend->write_kv(w).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend->copy_block(0, 8).code(), StatusCode::kInvalidArgument);
+  const int32_t bad = -1;
+  EXPECT_EQ(backend->poison_blocks(&bad, 1).code(), StatusCode::kInvalidArgument);
+  const Pools after = read(*backend);
+  EXPECT_EQ(before.k, after.k);
+  EXPECT_EQ(before.v, after.v);
+}
+
+TEST(CudaBlocks, CopyBandwidthIsPositive) {
+  PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
+  auto backend = poisoned_backend(geometry(DType::kFloat16));
+  ASSERT_NE(backend, nullptr);
+  auto bw = backend->measure_memory_bandwidth(64 << 20);
+  ASSERT_TRUE(bw.ok()) << bw.status().message();
+  EXPECT_GT(bw.value(), 1e9);
+  EXPECT_FALSE(backend->measure_memory_bandwidth(0).ok());
+}
+
+}  // namespace
+}  // namespace pagoda::testing

@@ -1,0 +1,187 @@
+// What runs on every machine, with or without a GPU: the factory answers with a
+// Status, the dispatch refuses shapes it has no kernel for, bad requests are
+// refused on the host, and the work list is what the merge expects.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cuda/decode_dispatch.h"
+#include "cuda/decode_validation.h"
+#include "cuda/work_list.h"
+#include "pagoda/backend.h"
+
+namespace pagoda::cuda {
+namespace {
+
+CacheGeometry small_geometry() {
+  CacheGeometry g;
+  g.num_layers = 2;
+  g.num_q_heads = 8;
+  g.num_kv_heads = 2;
+  g.head_dim = 64;
+  g.block_size = 4;
+  g.num_blocks = 8;
+  g.dtype = DType::kBFloat16;
+  return g;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+TEST(CudaFactory, AnswersWithAStatusWhetherOrNotADeviceIsThere) {
+  BackendOptions o;
+  o.kind = "cuda";
+  o.geometry = small_geometry();
+  auto b = make_backend(o);
+  if (cuda_device_available()) {
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    EXPECT_EQ(b.value()->name(), "cuda");
+    EXPECT_FALSE(b.value()->device_name().empty());
+    EXPECT_GT(b.value()->num_workers(), 0);
+    return;
+  }
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kUnavailable) << b.status().message();
+  EXPECT_TRUE(contains(b.status().message(), "cuda")) << b.status().message();
+}
+
+TEST(CudaFactory, AutoPicksCudaExactlyWhenADeviceAnswers) {
+  BackendOptions o;
+  o.kind = "auto";
+  o.geometry = small_geometry();
+  auto b = make_backend(o);
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  EXPECT_EQ(b.value()->name(), cuda_device_available() ? "cuda" : "cpu");
+}
+
+TEST(CudaFactory, RejectsHeadDim96BeforeLookingForADevice) {
+  BackendOptions o;
+  o.kind = "cuda";
+  o.geometry = small_geometry();
+  o.geometry.head_dim = 96;
+  auto b = make_backend(o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(b.status().message(), "head_dim")) << b.status().message();
+  EXPECT_TRUE(contains(b.status().message(), "96")) << b.status().message();
+}
+
+TEST(CudaDispatch, HasOneKernelPerHeadDimAndCacheDtype) {
+  for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+    for (int32_t d : {64, 128, 256}) {
+      auto k = find_partial_kernel(t, d);
+      ASSERT_TRUE(k.ok()) << k.status().message();
+      EXPECT_EQ(k.value()->cache_dtype, t);
+      EXPECT_EQ(k.value()->head_dim, d);
+      EXPECT_NE(k.value()->launch, nullptr);
+    }
+  }
+}
+
+TEST(CudaDispatch, RejectsHeadDim96AndUnknownDtypesWithAStatus) {
+  auto k = find_partial_kernel(DType::kBFloat16, 96);
+  ASSERT_FALSE(k.ok());
+  EXPECT_EQ(k.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(k.status().message(), "96")) << k.status().message();
+  EXPECT_FALSE(find_partial_kernel(static_cast<DType>(7), 128).ok());
+  EXPECT_FALSE(find_partial_kernel(DType::kFloat16, 0).ok());
+}
+
+struct LaunchInputs {
+  std::vector<int32_t> indptr = {0, 2, 3};
+  std::vector<int32_t> ids = {5, 1, 7};
+  std::vector<int32_t> lengths = {5, 4};
+  std::vector<float> q = std::vector<float>(2 * 8 * 64, 0.f);
+
+  DecodeLaunch launch() const {
+    DecodeLaunch l;
+    l.layer = 1;
+    l.tables.batch = 2;
+    l.tables.block_indptr = indptr.data();
+    l.tables.block_ids = ids.data();
+    l.tables.lengths = lengths.data();
+    l.q = q.data();
+    l.scale = 0.125f;
+    return l;
+  }
+};
+
+TEST(CudaValidation, AcceptsAWellFormedLaunch) {
+  const LaunchInputs in;
+  const Status s = validate_decode(small_geometry(), in.launch());
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+TEST(CudaValidation, RefusesWhatAKernelWouldReadOutOfBounds) {
+  const CacheGeometry g = small_geometry();
+  {
+    LaunchInputs in;
+    in.lengths[1] = 5;  // one block of 4 slots
+    const Status s = validate_decode(g, in.launch());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(s.message(), "lengths[1]")) << s.message();
+  }
+  {
+    LaunchInputs in;
+    in.ids[1] = 8;  // the pool has blocks 0..7
+    const Status s = validate_decode(g, in.launch());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(s.message(), "block_ids")) << s.message();
+  }
+  {
+    LaunchInputs in;
+    DecodeLaunch l = in.launch();
+    l.layer = 2;
+    EXPECT_TRUE(contains(validate_decode(g, l).message(), "layer"));
+    l = in.launch();
+    l.scale = std::numeric_limits<float>::infinity();
+    EXPECT_TRUE(contains(validate_decode(g, l).message(), "scale"));
+    l = in.launch();
+    l.split_tokens = 0;
+    EXPECT_TRUE(contains(validate_decode(g, l).message(), "split_tokens"));
+  }
+  const int64_t slots[] = {0, 32};  // 8 blocks x 4 slots
+  const std::vector<float> rows(2 * 2 * 64, 0.f);
+  KvWrite w;
+  w.layer = 0;
+  w.num_tokens = 2;
+  w.slots = slots;
+  w.k = rows.data();
+  w.v = rows.data();
+  const Status s = validate_kv_write(g, w);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(s.message(), "slots[1]")) << s.message();
+}
+
+TEST(CudaWorkList, OneItemPerChunkSequenceMajorWithNoneForEmptySequences) {
+  const std::vector<int32_t> lengths = {0, 1, 512, 513, 1000, 0};
+  const int32_t batch = static_cast<int32_t>(lengths.size());
+  ASSERT_EQ(count_work_items(lengths.data(), batch, 512), 6);
+  std::vector<int32_t> seq(6), chunk(6), indptr(batch + 1);
+  fill_work_list(lengths.data(), batch, 512, seq.data(), chunk.data(), indptr.data());
+  EXPECT_EQ(seq, (std::vector<int32_t>{1, 2, 3, 3, 4, 4}));
+  EXPECT_EQ(chunk, (std::vector<int32_t>{0, 0, 0, 1, 0, 1}));
+  EXPECT_EQ(indptr, (std::vector<int32_t>{0, 0, 1, 2, 4, 6, 6}));
+}
+
+TEST(CudaWorkList, DeterministicChunksIgnoreTheWorkerCountFastChunksDoNot) {
+  const LaunchInputs in;
+  DecodeLaunch l = in.launch();
+  l.split_tokens = 64;
+  const CacheGeometry g = small_geometry();
+  EXPECT_EQ(launch_chunk_tokens(l, g, 1), 64);
+  EXPECT_EQ(launch_chunk_tokens(l, g, 100000), 64);
+  l.mode = SplitMode::kFast;
+  const std::vector<int32_t> long_lengths = {4000, 4000};
+  l.tables.lengths = long_lengths.data();
+  const int32_t few_workers = launch_chunk_tokens(l, g, 1);
+  const int32_t many_workers = launch_chunk_tokens(l, g, 1000);
+  EXPECT_GT(few_workers, many_workers);
+  EXPECT_EQ(many_workers % g.block_size, 0);
+}
+
+}  // namespace
+}  // namespace pagoda::cuda

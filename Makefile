@@ -9,12 +9,16 @@ CMAKE_FLAGS ?=
 # Extra server flags for `make run`, e.g. ARGS="--layers 4 --cache-dtype bf16"
 ARGS ?=
 
-.PHONY: all deps configure build run test unit-test check-deploy bench demo clean
+.PHONY: all deps check-deps configure build run test unit-test check-deploy bench demo clean
 
 all: build
 
 deps:
 	@bash scripts/install-deps.sh
+
+# promtool and a Prometheus server, yamllint, shellcheck: the deployment checks' tools.
+check-deps:
+	@bash scripts/install-check-deps.sh
 
 configure: deps
 	@cmake -G Ninja -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS) > $(BUILD).configure.log 2>&1 \
@@ -29,11 +33,14 @@ run: build
 	$(BUILD)/server/pagoda-server $(ARGS)
 
 # The whole test suite: unit, kernel-vs-reference, end-to-end and deployment checks.
-test: build
+test: check-deps build
 	@ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 unit-test: build
 	@ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -L unit
+
+check-deploy: check-deps build
+	@bash scripts/check-deploy.sh $(BUILD)/server/pagoda-server $(BUILD)/client/pagoda-cli
 
 # The kernel benchmark on the reference shape (not a test: it reports ratios).
 bench: build

@@ -1,0 +1,49 @@
+# syntax=docker/dockerfile:1
+# pagoda's container image: pagoda-server with pagoda-cli and pagoda-bench beside it.
+#   docker build -t pagoda:0.1.0 .
+#   docker run --gpus all -p 50051:50051 -p 9464:9464 pagoda:0.1.0
+# Settings are the server's flags as PAGODA_* variables (docker run -e PAGODA_KV_HEADS=8 ...)
+# or flags after the image name. The build stage runs the same scripts/install-deps.sh
+# and CMake configuration CI runs; scripts/check-deploy.sh checks the flags used here
+# against pagoda-server --help.
+
+# The toolkit CI compiles with (nvcc 13.0.88); -devel to build, -runtime to run.
+ARG CUDA_IMAGE_VERSION=13.0.2
+ARG UBUNTU_VERSION=ubuntu24.04
+
+FROM nvidia/cuda:${CUDA_IMAGE_VERSION}-devel-${UBUNTU_VERSION} AS build
+WORKDIR /src
+# The package list first, so the dependency layer is cached across source changes.
+COPY scripts/install-deps.sh scripts/install-deps.sh
+RUN bash scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
+COPY . .
+RUN cmake -G Ninja -S . -B build \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DPAGODA_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="90a;80" \
+      -DPAGODA_BUILD_TESTS=OFF \
+ && cmake --build build --target pagoda-server pagoda-cli pagoda-bench \
+ && mkdir -p /out/bin \
+ && cp build/server/pagoda-server build/client/pagoda-cli build/client/pagoda-bench /out/bin/ \
+ && bash scripts/runtime-packages.sh /out/bin/* > /out/runtime-packages.txt
+
+FROM nvidia/cuda:${CUDA_IMAGE_VERSION}-runtime-${UBUNTU_VERSION}
+# Only the packages whose libraries the binaries load (listed by the build stage).
+COPY --from=build /out/runtime-packages.txt /tmp/runtime-packages.txt
+RUN apt-get update \
+ && xargs -a /tmp/runtime-packages.txt env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y --no-install-recommends \
+ && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt \
+ && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin pagoda
+COPY --from=build /out/bin/ /usr/local/bin/
+
+USER 10001:10001
+ENV PAGODA_LISTEN=0.0.0.0:50051 \
+    PAGODA_METRICS_ADDRESS=0.0.0.0:9464 \
+    PAGODA_LOG_FORMAT=json
+EXPOSE 50051 9464
+# grpc.health.v1 through pagoda-cli, on the port PAGODA_LISTEN names; start-up
+# includes CUDA initialisation and the cache allocation.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
+  CMD pagoda-cli --server "127.0.0.1:${PAGODA_LISTEN##*:}" --timeout-ms 2000 health
+ENTRYPOINT ["pagoda-server"]

@@ -34,21 +34,22 @@ HWY_INLINE void load_tile(const float* HWY_RESTRICT src, float* HWY_RESTRICT dst
   for (int64_t i = 0; i < n; i += lanes) hn::Store(hn::LoadU(df, src + i), df, dst + i);
 }
 
-// a: any alignment (a query row); b: vector-aligned (a tile row).
-HWY_INLINE float dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, int64_t n) {
+// q . k over kD elements. a: any alignment (a query row); b: vector-aligned (a
+// tile row). Four independent chains: kD is a multiple of 4 vectors on every
+// x86 target (64 = 4 x 16 lanes at most).
+template <int kD>
+HWY_INLINE float dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b) {
   const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  // Four independent chains: head_dim is a multiple of 4 vectors on every
-  // x86 target (64 = 4 x 16 lanes at most).
+  constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
   auto s0 = hn::Zero(df), s1 = hn::Zero(df), s2 = hn::Zero(df), s3 = hn::Zero(df);
   int64_t i = 0;
-  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+  for (; i + 4 * kLanes <= kD; i += 4 * kLanes) {
     s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::Load(df, b + i), s0);
-    s1 = hn::MulAdd(hn::LoadU(df, a + i + lanes), hn::Load(df, b + i + lanes), s1);
-    s2 = hn::MulAdd(hn::LoadU(df, a + i + 2 * lanes), hn::Load(df, b + i + 2 * lanes), s2);
-    s3 = hn::MulAdd(hn::LoadU(df, a + i + 3 * lanes), hn::Load(df, b + i + 3 * lanes), s3);
+    s1 = hn::MulAdd(hn::LoadU(df, a + i + kLanes), hn::Load(df, b + i + kLanes), s1);
+    s2 = hn::MulAdd(hn::LoadU(df, a + i + 2 * kLanes), hn::Load(df, b + i + 2 * kLanes), s2);
+    s3 = hn::MulAdd(hn::LoadU(df, a + i + 3 * kLanes), hn::Load(df, b + i + 3 * kLanes), s3);
   }
-  for (; i < n; i += lanes) s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::Load(df, b + i), s0);
+  for (; i < kD; i += kLanes) s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::Load(df, b + i), s0);
   return hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
 }
 
@@ -104,18 +105,21 @@ HWY_INLINE TileSpan tile_at(const PartialTask& t, int64_t pos) {
 // Folds one tile of n tokens into the states of every query head of the group.
 // kN = n when known at compile time (full tiles: loops unroll, scores stay in
 // registers), 0 for the partial tiles at block and chunk edges.
-template <int kN>
+// kD = head_dim: the accumulator of one head lives in registers.
+template <int kD, int kN>
 HWY_INLINE void update_heads(const PartialTask& t, const float* HWY_RESTRICT k_tile,
                              const float* HWY_RESTRICT v_tile, float* HWY_RESTRICT scores, int64_t n_runtime) {
   const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
+  constexpr int64_t kVecs = kD / kLanes;
+  const int64_t lanes = kLanes;
   const int64_t n = kN ? kN : n_runtime;
   const int64_t padded = (n + lanes - 1) / lanes * lanes;
-  const int64_t d = t.geometry->head_dim;
+  constexpr int64_t d = kD;
   const int32_t group = t.geometry->group_size();
   for (int32_t h = 0; h < group; ++h) {
     const float* q = t.q + h * d;
-    for (int64_t j = 0; j < n; ++j) scores[j] = dot(q, k_tile + j * d, d);
+    for (int64_t j = 0; j < n; ++j) scores[j] = dot<kD>(q, k_tile + j * d);
     for (int64_t j = n; j < padded; ++j) scores[j] = neg_inf<float>();
     auto vmax = hn::Load(df, scores);
     for (int64_t j = lanes; j < padded; j += lanes) vmax = hn::Max(vmax, hn::Load(df, scores + j));
@@ -131,28 +135,25 @@ HWY_INLINE void update_heads(const PartialTask& t, const float* HWY_RESTRICT k_t
     t.m[h] = m_new;
     t.l[h] = t.l[h] * c + hn::GetLane(hn::SumOfLanes(df, vsum));
 
-    // acc = acc * c + sum_j p_j v_j, over two independent FMA chains.
+    // acc = acc * c + sum_j p_j v_j with acc in registers: one broadcast of p_j
+    // feeds kVecs independent FMA chains.
     float* acc = t.acc + h * d;
     const auto vc = hn::Set(df, c);
-    for (int64_t i = 0; i < d; i += lanes) {
-      auto a0 = hn::Mul(hn::LoadU(df, acc + i), vc);
-      auto a1 = hn::Zero(df);
-      int64_t j = 0;
-      for (; j + 2 <= n; j += 2) {
-        a0 = hn::MulAdd(hn::Set(df, scores[j]), hn::Load(df, v_tile + j * d + i), a0);
-        a1 = hn::MulAdd(hn::Set(df, scores[j + 1]), hn::Load(df, v_tile + (j + 1) * d + i), a1);
-      }
-      if (j < n) a0 = hn::MulAdd(hn::Set(df, scores[j]), hn::Load(df, v_tile + j * d + i), a0);
-      hn::StoreU(hn::Add(a0, a1), df, acc + i);
+    hn::Vec<decltype(df)> a[kVecs];
+    for (int64_t v = 0; v < kVecs; ++v) a[v] = hn::Mul(hn::LoadU(df, acc + v * kLanes), vc);
+    for (int64_t j = 0; j < n; ++j) {
+      const auto p = hn::Set(df, scores[j]);
+      for (int64_t v = 0; v < kVecs; ++v) a[v] = hn::MulAdd(p, hn::Load(df, v_tile + j * d + v * kLanes), a[v]);
     }
+    for (int64_t v = 0; v < kVecs; ++v) hn::StoreU(a[v], df, acc + v * kLanes);
   }
 }
 
-template <typename T>
+template <typename T, int kD>
 void partial_impl(const PartialTask& t) {
   const CacheGeometry& g = *t.geometry;
   const int32_t group = g.group_size();
-  const int64_t d = g.head_dim;
+  constexpr int64_t d = kD;
 
   HWY_ALIGN float k_tile[kTileTokens * 256];
   HWY_ALIGN float v_tile[kTileTokens * 256];
@@ -180,19 +181,30 @@ void partial_impl(const PartialTask& t) {
     }
 
     if (n == kTileTokens) {
-      update_heads<kTileTokens>(t, k_tile, v_tile, scores, n);
+      update_heads<kD, kTileTokens>(t, k_tile, v_tile, scores, n);
     } else {
-      update_heads<0>(t, k_tile, v_tile, scores, n);
+      update_heads<kD, 0>(t, k_tile, v_tile, scores, n);
     }
     pos += n;
   }
 }
 
-void ComputePartial(const PartialTask& t) {
+template <int kD>
+void partial_for_dtype(const PartialTask& t) {
   switch (t.geometry->dtype) {
-    case DType::kFloat32: return partial_impl<float>(t);
-    case DType::kFloat16: return partial_impl<hwy::float16_t>(t);
-    case DType::kBFloat16: return partial_impl<hwy::bfloat16_t>(t);
+    case DType::kFloat32: return partial_impl<float, kD>(t);
+    case DType::kFloat16: return partial_impl<hwy::float16_t, kD>(t);
+    case DType::kBFloat16: return partial_impl<hwy::bfloat16_t, kD>(t);
+  }
+}
+
+// One flat switch over head_dim; the backend validated it (64, 128 or 256).
+void ComputePartial(const PartialTask& t) {
+  switch (t.geometry->head_dim) {
+    case 64: return partial_for_dtype<64>(t);
+    case 128: return partial_for_dtype<128>(t);
+    case 256: return partial_for_dtype<256>(t);
+    default: HWY_ABORT("head_dim %d reached the CPU kernel unvalidated", t.geometry->head_dim);
   }
 }
 

@@ -9,6 +9,7 @@ packages=(
   libspdlog-dev libfmt-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libtbb-dev libcli11-dev
+  python3-grpcio python3-grpc-tools python3-numpy
 )
 
 missing=()

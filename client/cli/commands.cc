@@ -1,0 +1,221 @@
+#include "commands.h"
+
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "random_tensors.h"
+
+namespace pagoda::client {
+namespace {
+
+// --dtype as fp32/fp16/bf16 (checked), converted when the command runs.
+void add_dtype_option(CLI::App* sub, std::string& dtype, const std::string& what) {
+  sub->add_option("--dtype", dtype, "Wire dtype of " + what)
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->capture_default_str();
+}
+
+DType to_dtype(const std::string& name) { return parse_dtype(name).value_or(DType::kFloat32); }
+
+void print_config(const ServerConfig& c) {
+  fmt::print("backend            {} ({})\n", c.backend, c.device_name);
+  fmt::print("version            {}\n", c.version);
+  fmt::print("layers             {}\n", c.num_layers);
+  fmt::print("q_heads / kv_heads {} / {}\n", c.num_q_heads, c.num_kv_heads);
+  fmt::print("head_dim           {}\n", c.head_dim);
+  fmt::print("block_size         {} tokens\n", c.block_size);
+  fmt::print("cache_dtype        {}\n", dtype_name(c.cache_dtype));
+  fmt::print("blocks             {} free of {}\n", c.free_blocks, c.total_blocks);
+  fmt::print("split_tokens       {} ({})\n", c.split_tokens, c.deterministic ? "deterministic" : "fast");
+  fmt::print("max_batch          {} sequences, wait {} us\n", c.max_batch, c.max_batch_wait_us);
+  fmt::print("max_message_bytes  {}\n", c.max_message_bytes);
+}
+
+// K and V for `append`: from files, or `tokens` random rows.
+struct AppendArgs {
+  uint64_t sequence_id = 0;
+  int32_t layer = 0;
+  int64_t tokens = 16;
+  uint64_t seed = 1;
+  std::string k_file;
+  std::string v_file;
+  std::string dtype = "fp32";
+};
+
+int run_append(const CliContext& ctx, const AppendArgs& a) {
+  auto client = ctx.connect();
+  auto config = client->config();
+  if (!config.ok()) return report_error(config.error());
+  std::vector<float> k, v;
+  if (!a.k_file.empty()) {
+    auto kf = read_float_file(a.k_file);
+    if (!kf.ok()) return report_error(kf.error());
+    auto vf = read_float_file(a.v_file);
+    if (!vf.ok()) return report_error(vf.error());
+    k = std::move(*kf);
+    v = std::move(*vf);
+  } else {
+    RandomTensors rng(a.seed);
+    k = rng.normal(a.tokens * config->kv_row());
+    v = rng.normal(a.tokens * config->kv_row());
+  }
+  auto length = client->append_kv(a.sequence_id, a.layer, k, v, to_dtype(a.dtype));
+  if (!length.ok()) return report_error(length.error());
+  fmt::print("sequence {} layer {}: {} tokens\n", a.sequence_id, a.layer, *length);
+  return 0;
+}
+
+struct DecodeCliArgs {
+  std::vector<uint64_t> sequence_ids;
+  int32_t layer = 0;
+  uint64_t seed = 1;
+  std::string q_file;
+  bool with_kv = false;
+  bool lse = false;
+  float scale = 0.f;
+  std::string dtype = "fp32";
+  int show = 8;
+};
+
+int run_decode(const CliContext& ctx, const DecodeCliArgs& a) {
+  auto client = ctx.connect();
+  auto config = client->config();
+  if (!config.ok()) return report_error(config.error());
+  const auto batch = static_cast<int64_t>(a.sequence_ids.size());
+  RandomTensors rng(a.seed);
+  std::vector<float> q;
+  if (!a.q_file.empty()) {
+    auto qf = read_float_file(a.q_file);
+    if (!qf.ok()) return report_error(qf.error());
+    q = std::move(*qf);
+  } else {
+    q = rng.normal(batch * config->q_row());
+  }
+  std::vector<float> k, v;
+  if (a.with_kv) {
+    k = rng.normal(batch * config->kv_row());
+    v = rng.normal(batch * config->kv_row());
+  }
+  const DType dtype = to_dtype(a.dtype);
+  DecodeArgs args{.layer = a.layer, .sequence_ids = a.sequence_ids, .q = q, .k = k, .v = v,
+                  .q_dtype = dtype, .kv_dtype = dtype, .scale = a.scale, .return_lse = a.lse};
+  auto r = client->decode(args);
+  if (!r.ok()) return report_error(r.error());
+  fmt::print("lengths {}  splits {}  split_tokens {}  {}\n", r->lengths, r->splits, r->split_tokens,
+             r->deterministic ? "deterministic" : "fast");
+  fmt::print("timing  queue {:.1f} us  compute {:.1f} us  total {:.1f} us\n", r->timing.queue_us,
+             r->timing.compute_us, r->timing.total_us);
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto row = r->output.begin() + b * config->q_row();
+    const auto n = std::min<int64_t>(a.show, config->q_row());
+    fmt::print("seq {} output[0, :{}] = [{:.5f}]\n", a.sequence_ids[b], n,
+               fmt::join(row, row + n, ", "));
+    if (!r->lse.empty()) {
+      const auto l = r->lse.begin() + b * config->num_q_heads;
+      fmt::print("seq {} lse = [{:.5f}]\n", a.sequence_ids[b], fmt::join(l, l + config->num_q_heads, ", "));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_rpc_commands(CLI::App& app, CliContext& ctx) {
+  app.add_subcommand("config", "Print the server's geometry, capacity and settings (GetConfig)")
+      ->callback([&ctx] {
+        auto config = ctx.connect()->config();
+        ctx.exit_code = config.ok() ? (print_config(*config), 0) : report_error(config.error());
+      });
+
+  auto label = std::make_shared<std::string>();
+  auto* create = app.add_subcommand("create", "Create an empty sequence; prints its id");
+  create->add_option("--label", *label, "Free text kept with the sequence");
+  create->callback([&ctx, label] {
+    auto id = ctx.connect()->create_sequence(*label);
+    ctx.exit_code = id.ok() ? (fmt::print("{}\n", *id), 0) : report_error(id.error());
+  });
+
+  auto append = std::make_shared<AppendArgs>();
+  auto* app_cmd = app.add_subcommand("append", "Append K/V tokens to one layer of a sequence");
+  app_cmd->add_option("--seq", append->sequence_id, "Sequence id")->required();
+  app_cmd->add_option("--layer", append->layer, "Layer")->capture_default_str();
+  auto* tokens = app_cmd->add_option("--tokens", append->tokens, "Random tokens to append")
+                     ->check(CLI::PositiveNumber)->capture_default_str();
+  app_cmd->add_option("--seed", append->seed, "Seed of the random K/V")->capture_default_str();
+  auto* kf = app_cmd->add_option("--k-file", append->k_file,
+                                 "K as raw little-endian fp32 [n, kv_heads, head_dim]")
+                 ->check(CLI::ExistingFile);
+  auto* vf = app_cmd->add_option("--v-file", append->v_file, "V, same shape as K")
+                 ->check(CLI::ExistingFile);
+  kf->needs(vf);
+  vf->needs(kf);
+  kf->excludes(tokens);
+  add_dtype_option(app_cmd, append->dtype, "K and V");
+  app_cmd->callback([&ctx, append] { ctx.exit_code = run_append(ctx, *append); });
+
+  auto decode = std::make_shared<DecodeCliArgs>();
+  auto* dec = app.add_subcommand("decode", "One decode step of one layer for a batch of sequences");
+  dec->add_option("--seq", decode->sequence_ids, "Sequence ids (repeat or comma-separate)")
+      ->required()->delimiter(',');
+  dec->add_option("--layer", decode->layer, "Layer")->capture_default_str();
+  dec->add_option("--seed", decode->seed, "Seed of the random q (and k/v)")->capture_default_str();
+  dec->add_option("--q-file", decode->q_file, "q as raw little-endian fp32 [batch, q_heads, head_dim]")
+      ->check(CLI::ExistingFile);
+  dec->add_flag("--with-kv", decode->with_kv, "Append a random new token's K/V before attending");
+  dec->add_flag("--lse", decode->lse, "Also return the log-sum-exp");
+  dec->add_option("--scale", decode->scale, "Softmax scale (0 = 1/sqrt(head_dim))")->capture_default_str();
+  dec->add_option("--show", decode->show, "Output values to print per sequence")->capture_default_str();
+  add_dtype_option(dec, decode->dtype, "q, k, v and the output");
+  dec->callback([&ctx, decode] { ctx.exit_code = run_decode(ctx, *decode); });
+
+  auto fork_source = std::make_shared<uint64_t>(0);
+  auto* fork = app.add_subcommand("fork", "Fork a sequence (copy-on-write); prints the new id");
+  fork->add_option("--seq", *fork_source, "Source sequence id")->required();
+  fork->callback([&ctx, fork_source] {
+    auto id = ctx.connect()->fork_sequence(*fork_source);
+    ctx.exit_code = id.ok() ? (fmt::print("{}\n", *id), 0) : report_error(id.error());
+  });
+
+  auto free_id = std::make_shared<uint64_t>(0);
+  auto* free_cmd = app.add_subcommand("free", "Free a sequence");
+  free_cmd->add_option("--seq", *free_id, "Sequence id")->required();
+  free_cmd->callback([&ctx, free_id] {
+    auto done = ctx.connect()->free_sequence(*free_id);
+    ctx.exit_code = done.ok() ? 0 : report_error(done.error());
+  });
+
+  auto inspect_id = std::make_shared<uint64_t>(0);
+  auto* inspect = app.add_subcommand("inspect", "Per-layer lengths and blocks of a sequence (GetSequence)");
+  inspect->add_option("--seq", *inspect_id, "Sequence id")->required();
+  inspect->callback([&ctx, inspect_id] {
+    auto info = ctx.connect()->get_sequence(*inspect_id);
+    if (!info.ok()) {
+      ctx.exit_code = report_error(info.error());
+      return;
+    }
+    fmt::print("sequence {} '{}': {} blocks, layer lengths {}\n", info->sequence_id, info->label,
+               info->blocks_held, info->layer_lengths);
+  });
+
+  auto service = std::make_shared<std::string>();
+  auto* health = app.add_subcommand(
+      "health", "grpc.health.v1 Check; exit 0 when SERVING, 1 otherwise (container HEALTHCHECK)");
+  health->add_option("--service", *service, "Service name (empty = the whole server)");
+  health->callback([&ctx, service] {
+    auto status = ctx.connect()->health(*service);
+    if (!status.ok()) {
+      ctx.exit_code = report_error(status.error());
+      return;
+    }
+    fmt::print("{}\n", serving_status_name(*status));
+    ctx.exit_code = *status == ServingStatus::kServing ? 0 : 1;
+  });
+}
+
+}  // namespace pagoda::client

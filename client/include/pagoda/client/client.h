@@ -1,0 +1,73 @@
+#pragma once
+// The C++ client of pagoda.v1.DecodeAttention: typed calls with fp32 tensors in
+// and out (converted to and from the wire dtype), per-call deadlines, and errors
+// as Result values carrying the gRPC code and the server's message.
+//
+//   auto client = pagoda::client::Client::connect("127.0.0.1:50051");
+//   auto config = client->config();              // GetConfig, cached
+//   auto seq = client->create_sequence("chat-1");
+//   client->append_kv(*seq, /*layer=*/0, k, v);  // [n, kv_heads, head_dim] each
+//   auto out = client->decode({.layer = 0, .sequence_ids = {*seq}, .q = q});
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "pagoda/client/decode_stream.h"
+#include "pagoda/client/error.h"
+#include "pagoda/client/types.h"
+
+namespace pagoda::client {
+
+struct ClientOptions {
+  // Deadline of every call; zero means none.
+  std::chrono::milliseconds timeout{0};
+  // Largest message the channel sends and receives (the server's own limit is
+  // reported by GetConfig).
+  int max_message_bytes = 256 << 20;
+};
+
+class Client {
+ public:
+  // Creates the channel (insecure, as the service is meant for a private
+  // network); nothing is sent until the first call.
+  static std::unique_ptr<Client> connect(const std::string& address, ClientOptions options = {});
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const std::string& address() const;
+
+  // GetConfig, fetched on first use and kept (geometry does not change while a
+  // server runs); refresh() fetches it again (e.g. for free_blocks).
+  Result<ServerConfig> config();
+  Result<ServerConfig> refresh_config();
+
+  Result<uint64_t> create_sequence(const std::string& label = {});
+  // Appends n tokens to one layer: k and v are [n, num_kv_heads, head_dim], sent
+  // as `dtype`. Returns the layer's new length.
+  Result<int32_t> append_kv(uint64_t sequence_id, int32_t layer, std::span<const float> k,
+                            std::span<const float> v, DType dtype = DType::kFloat32);
+  Result<DecodeResult> decode(const DecodeArgs& args);
+  Result<uint64_t> fork_sequence(uint64_t source_id);
+  Outcome free_sequence(uint64_t sequence_id);
+  Result<SequenceInfo> get_sequence(uint64_t sequence_id);
+  // grpc.health.v1.Health/Check for `service` ("" = the whole server).
+  Result<ServingStatus> health(const std::string& service = {});
+
+  // A DecodeStream session on this client's channel. The per-call timeout does
+  // not apply to a stream (it lives for many steps); `session_timeout`, when
+  // non-zero, is the deadline of the whole session.
+  Result<std::unique_ptr<DecodeStream>> open_stream(
+      std::chrono::milliseconds session_timeout = std::chrono::milliseconds{0});
+
+  struct Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagoda::client

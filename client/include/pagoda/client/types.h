@@ -1,0 +1,83 @@
+#pragma once
+// Plain C++ views of the wire messages (pagoda.v1), so that users of the client
+// need no protobuf or gRPC header.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagoda/dtype.h"
+
+namespace pagoda::client {
+
+// GetConfig: the server's geometry, capacity and settings.
+struct ServerConfig {
+  int32_t num_layers = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 0;
+  DType cache_dtype = DType::kFloat32;
+  int32_t total_blocks = 0;
+  int32_t free_blocks = 0;
+  int32_t split_tokens = 0;
+  bool deterministic = false;
+  std::string backend;
+  std::string device_name;
+  std::string version;
+  int64_t max_message_bytes = 0;
+  int32_t max_batch = 0;
+  int64_t max_batch_wait_us = 0;
+
+  // Elements of one token's K (or V) in one layer: num_kv_heads * head_dim.
+  int64_t kv_row() const { return static_cast<int64_t>(num_kv_heads) * head_dim; }
+  // Elements of one sequence's query (or output) row: num_q_heads * head_dim.
+  int64_t q_row() const { return static_cast<int64_t>(num_q_heads) * head_dim; }
+};
+
+// One decode step of one layer for a batch of sequences. Spans are borrowed:
+// they must outlive the call that takes the request.
+struct DecodeArgs {
+  int32_t layer = 0;
+  std::vector<uint64_t> sequence_ids{};  // [batch], each at most once
+  std::span<const float> q{};            // [batch, num_q_heads, head_dim]
+  std::span<const float> k{};            // [batch, num_kv_heads, head_dim] or empty
+  std::span<const float> v{};            // [batch, num_kv_heads, head_dim] or empty (with k)
+  DType q_dtype = DType::kFloat32;     // wire dtype of q (and of the output)
+  DType kv_dtype = DType::kFloat32;    // wire dtype of k and v
+  float scale = 0.f;                   // 0 -> 1/sqrt(head_dim)
+  bool return_lse = false;
+  uint64_t request_id = 0;             // 0: the client assigns one
+};
+
+struct DecodeTiming {
+  double queue_us = 0;
+  double compute_us = 0;
+  double total_us = 0;
+};
+
+struct DecodeResult {
+  uint64_t request_id = 0;
+  std::vector<float> output;    // [batch, num_q_heads, head_dim] (converted from q's dtype)
+  std::vector<float> lse;       // [batch, num_q_heads] natural log; empty unless asked
+  std::vector<int32_t> lengths; // [batch] tokens attended per sequence
+  std::vector<int32_t> splits;  // [batch] split-KV chunks per sequence
+  int32_t split_tokens = 0;
+  bool deterministic = false;
+  DecodeTiming timing;
+};
+
+// GetSequence.
+struct SequenceInfo {
+  uint64_t sequence_id = 0;
+  std::vector<int32_t> layer_lengths;  // [num_layers]
+  int32_t blocks_held = 0;
+  std::string label;
+};
+
+// grpc.health.v1 serving status (numbers as the health proto's enum).
+enum class ServingStatus : int { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
+const char* serving_status_name(ServingStatus s);
+
+}  // namespace pagoda::client

@@ -1,0 +1,153 @@
+#include "pagoda/client/client.h"
+
+#include <fmt/format.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "client_impl.h"
+#include "pagoda/client/grpc_error.h"
+#include "wire.h"
+
+namespace pagoda::client {
+
+void Client::Impl::prepare(grpc::ClientContext& ctx) const {
+  if (options.timeout.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
+}
+
+std::unique_ptr<Client> Client::connect(const std::string& address, ClientOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->address = address;
+  impl->options = options;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  impl->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  impl->stub = v1::DecodeAttention::NewStub(impl->channel);
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+const std::string& Client::address() const { return impl_->address; }
+
+Result<ServerConfig> Client::refresh_config() {
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::GetConfigResponse resp;
+  const grpc::Status st = impl_->stub->GetConfig(&ctx, v1::GetConfigRequest(), &resp);
+  if (!st.ok()) return error_from_grpc(st, "GetConfig");
+  ServerConfig config = wire::config_from_proto(resp);
+  std::lock_guard lock(impl_->config_mu);
+  impl_->config = config;
+  return config;
+}
+
+Result<ServerConfig> Client::config() {
+  {
+    std::lock_guard lock(impl_->config_mu);
+    if (impl_->config) return *impl_->config;
+  }
+  return refresh_config();
+}
+
+Result<uint64_t> Client::create_sequence(const std::string& label) {
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::CreateSequenceRequest req;
+  req.set_label(label);
+  v1::CreateSequenceResponse resp;
+  const grpc::Status st = impl_->stub->CreateSequence(&ctx, req, &resp);
+  if (!st.ok()) return error_from_grpc(st, "CreateSequence");
+  return resp.sequence_id();
+}
+
+Result<int32_t> Client::append_kv(uint64_t sequence_id, int32_t layer, std::span<const float> k,
+                                  std::span<const float> v, DType dtype) {
+  auto config = this->config();
+  if (!config.ok()) return config.error();
+  const int64_t row = config->kv_row();
+  if (k.size() != v.size() || k.size() % row != 0) {
+    return invalid_argument(fmt::format(
+        "k, v: expected equal sizes, a multiple of num_kv_heads * head_dim = {}, received {} and {}",
+        row, k.size(), v.size()));
+  }
+  const auto tokens = static_cast<int64_t>(k.size()) / row;
+  v1::AppendKVRequest req;
+  req.set_sequence_id(sequence_id);
+  req.set_layer(layer);
+  wire::fill_tensor(*req.mutable_k(), k, dtype, {tokens, config->num_kv_heads, config->head_dim});
+  wire::fill_tensor(*req.mutable_v(), v, dtype, {tokens, config->num_kv_heads, config->head_dim});
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::AppendKVResponse resp;
+  const grpc::Status st = impl_->stub->AppendKV(&ctx, req, &resp);
+  if (!st.ok()) return error_from_grpc(st, "AppendKV");
+  return resp.layer_length();
+}
+
+Result<DecodeResult> Client::decode(const DecodeArgs& args) {
+  auto config = this->config();
+  if (!config.ok()) return config.error();
+  auto req = wire::decode_request(args, *config);
+  if (!req.ok()) return req.error();
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::DecodeResponse resp;
+  const grpc::Status st = impl_->stub->Decode(&ctx, *req, &resp);
+  if (!st.ok()) return error_from_grpc(st, "Decode");
+  return wire::decode_result(resp, *config, args.sequence_ids.size());
+}
+
+Result<uint64_t> Client::fork_sequence(uint64_t source_id) {
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::ForkSequenceRequest req;
+  req.set_source_id(source_id);
+  v1::ForkSequenceResponse resp;
+  const grpc::Status st = impl_->stub->ForkSequence(&ctx, req, &resp);
+  if (!st.ok()) return error_from_grpc(st, "ForkSequence");
+  return resp.sequence_id();
+}
+
+Outcome Client::free_sequence(uint64_t sequence_id) {
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::FreeSequenceRequest req;
+  req.set_sequence_id(sequence_id);
+  v1::FreeSequenceResponse resp;
+  const grpc::Status st = impl_->stub->FreeSequence(&ctx, req, &resp);
+  if (!st.ok()) return error_from_grpc(st, "FreeSequence");
+  return Done{};
+}
+
+Result<SequenceInfo> Client::get_sequence(uint64_t sequence_id) {
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::GetSequenceRequest req;
+  req.set_sequence_id(sequence_id);
+  v1::GetSequenceResponse resp;
+  const grpc::Status st = impl_->stub->GetSequence(&ctx, req, &resp);
+  if (!st.ok()) return error_from_grpc(st, "GetSequence");
+  SequenceInfo info;
+  info.sequence_id = resp.sequence_id();
+  info.layer_lengths.assign(resp.layer_lengths().begin(), resp.layer_lengths().end());
+  info.blocks_held = resp.blocks_held();
+  info.label = resp.label();
+  return info;
+}
+
+Result<std::unique_ptr<DecodeStream>> Client::open_stream(std::chrono::milliseconds session_timeout) {
+  auto config = this->config();
+  if (!config.ok()) return config.error();
+  auto impl = std::make_unique<DecodeStream::Impl>();
+  impl->config = *config;
+  impl->ctx = std::make_unique<grpc::ClientContext>();
+  if (session_timeout.count() > 0)
+    impl->ctx->set_deadline(std::chrono::system_clock::now() + session_timeout);
+  impl->rw = impl_->stub->DecodeStream(impl->ctx.get());
+  return std::make_unique<DecodeStream>(std::move(impl));
+}
+
+}  // namespace pagoda::client

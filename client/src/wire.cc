@@ -1,0 +1,106 @@
+#include "wire.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "pagoda/client/tensor.h"
+
+namespace pagoda::client::wire {
+namespace {
+
+Error size_mismatch(std::string_view field, int64_t want, size_t got, std::string_view shape) {
+  return invalid_argument(
+      fmt::format("{}: expected {} values ({}), received {}", field, want, shape, got));
+}
+
+}  // namespace
+
+ServerConfig config_from_proto(const v1::GetConfigResponse& m) {
+  ServerConfig c;
+  c.num_layers = m.num_layers();
+  c.num_q_heads = m.num_q_heads();
+  c.num_kv_heads = m.num_kv_heads();
+  c.head_dim = m.head_dim();
+  c.block_size = m.block_size();
+  // An unspecified cache dtype would be a server bug; report it as fp32 rather than fail.
+  const auto dtype = dtype_from_wire(m.cache_dtype(), "cache_dtype");
+  c.cache_dtype = dtype.ok() ? *dtype : DType::kFloat32;
+  c.total_blocks = m.total_blocks();
+  c.free_blocks = m.free_blocks();
+  c.split_tokens = m.split_tokens();
+  c.deterministic = m.deterministic();
+  c.backend = m.backend();
+  c.device_name = m.device_name();
+  c.version = m.version();
+  c.max_message_bytes = m.max_message_bytes();
+  c.max_batch = m.max_batch();
+  c.max_batch_wait_us = m.max_batch_wait_us();
+  return c;
+}
+
+void fill_tensor(v1::Tensor& t, std::span<const float> values, DType dtype,
+                 std::initializer_list<int64_t> shape) {
+  t.set_dtype(static_cast<v1::DType>(wire_dtype(dtype)));
+  t.clear_shape();
+  for (int64_t d : shape) t.add_shape(d);
+  t.set_data(encode_values(values, dtype));
+}
+
+Result<v1::DecodeRequest> decode_request(const DecodeArgs& args, const ServerConfig& config) {
+  const auto batch = static_cast<int64_t>(args.sequence_ids.size());
+  if (batch == 0) return invalid_argument("sequence_ids: expected at least 1 id, received 0");
+  if (static_cast<int64_t>(args.q.size()) != batch * config.q_row()) {
+    return size_mismatch("q", batch * config.q_row(), args.q.size(),
+                         fmt::format("[{}, {}, {}]", batch, config.num_q_heads, config.head_dim));
+  }
+  if (args.k.empty() != args.v.empty()) {
+    return invalid_argument(fmt::format("k, v: expected both or neither, received k with {} values "
+                                        "and v with {}", args.k.size(), args.v.size()));
+  }
+  const std::string kv_shape =
+      fmt::format("[{}, {}, {}]", batch, config.num_kv_heads, config.head_dim);
+  if (!args.k.empty() && static_cast<int64_t>(args.k.size()) != batch * config.kv_row())
+    return size_mismatch("k", batch * config.kv_row(), args.k.size(), kv_shape);
+  if (!args.v.empty() && static_cast<int64_t>(args.v.size()) != batch * config.kv_row())
+    return size_mismatch("v", batch * config.kv_row(), args.v.size(), kv_shape);
+
+  v1::DecodeRequest req;
+  req.set_layer(args.layer);
+  req.mutable_sequence_ids()->Add(args.sequence_ids.begin(), args.sequence_ids.end());
+  fill_tensor(*req.mutable_q(), args.q, args.q_dtype, {batch, config.num_q_heads, config.head_dim});
+  if (!args.k.empty()) {
+    fill_tensor(*req.mutable_k(), args.k, args.kv_dtype, {batch, config.num_kv_heads, config.head_dim});
+    fill_tensor(*req.mutable_v(), args.v, args.kv_dtype, {batch, config.num_kv_heads, config.head_dim});
+  }
+  req.set_scale(args.scale);
+  req.set_return_lse(args.return_lse);
+  req.set_request_id(args.request_id);
+  return req;
+}
+
+Result<DecodeResult> decode_result(const v1::DecodeResponse& m, const ServerConfig& config,
+                                   size_t batch) {
+  DecodeResult r;
+  r.request_id = m.request_id();
+  const auto out_dtype = dtype_from_wire(m.output().dtype(), "output");
+  if (!out_dtype.ok()) return out_dtype.error();
+  const int64_t out_count = static_cast<int64_t>(batch) * config.q_row();
+  auto output = decode_values(m.output().data(), *out_dtype, out_count, "output");
+  if (!output.ok()) return output.error();
+  r.output = std::move(*output);
+  if (m.has_lse() && !m.lse().data().empty()) {
+    auto lse = decode_values(m.lse().data(), DType::kFloat32,
+                             static_cast<int64_t>(batch) * config.num_q_heads, "lse");
+    if (!lse.ok()) return lse.error();
+    r.lse = std::move(*lse);
+  }
+  r.lengths.assign(m.lengths().begin(), m.lengths().end());
+  r.splits.assign(m.splits().begin(), m.splits().end());
+  r.split_tokens = m.split_tokens();
+  r.deterministic = m.deterministic();
+  r.timing = {m.timing().queue_us(), m.timing().compute_us(), m.timing().total_us()};
+  return r;
+}
+
+}  // namespace pagoda::client::wire

@@ -1,0 +1,77 @@
+#!/usr/bin/python3
+"""The Python client's own logic, without a server: wire encodings (bit patterns
+shared with the C++ client's tests) and the shard merge by LSE against a direct
+numpy computation over all keys."""
+import math
+import unittest
+
+import numpy as np
+
+import pagoda_client as pc
+
+
+def attention(q, k, v, scale):
+    """q [h, d], k/v [n, h, d] in float64 -> output [h, d], lse [h]."""
+    s = np.einsum("hd,nhd->hn", q, k) * scale
+    m = s.max(axis=1, keepdims=True)
+    p = np.exp(s - m)
+    return np.einsum("hn,nhd->hd", p / p.sum(axis=1, keepdims=True), v), m[:, 0] + np.log(p.sum(axis=1))
+
+
+class Encoding(unittest.TestCase):
+    def words(self, data):
+        return list(np.frombuffer(data, dtype="<u2"))
+
+    def test_fp16_bits(self):
+        self.assertEqual(self.words(pc.encode(np.array([1.0, -2.0, 65504.0]), "fp16")), [0x3C00, 0xC000, 0x7BFF])
+
+    def test_bf16_bits_round_to_nearest_even(self):
+        x = np.array([1.0, -2.0, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8], dtype=np.float32)
+        self.assertEqual(self.words(pc.encode(x, "bf16")), [0x3F80, 0xC000, 0x3F80, 0x3F82])
+
+    def test_bf16_nan_stays_nan(self):
+        back = pc.decode_tensor(pc.encode(np.array([np.nan], dtype=np.float32), "bf16"), "bf16", (1,))
+        self.assertTrue(np.isnan(back[0]))
+
+    def test_round_trip_and_byte_count(self):
+        x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(2, 3, 4)
+        for dtype in ("fp32", "fp16", "bf16"):
+            back = pc.decode_tensor(pc.encode(x, dtype), dtype, x.shape)
+            self.assertEqual(back.shape, x.shape)
+            self.assertLessEqual(np.abs(back - x).max(), 3 * 2.0 ** -8)
+        with self.assertRaises(pc.PagodaError) as err:
+            pc.decode_tensor(b"\0" * 10, "fp32", (3,), "output")
+        self.assertIn("output.data: expected 12 bytes, received 10", str(err.exception))
+        with self.assertRaises(ValueError):
+            pc.wire_dtype("fp8")
+
+
+class MergeByLse(unittest.TestCase):
+    def setUp(self):
+        rng = np.random.default_rng(3)
+        self.q = rng.standard_normal((4, 16))
+        self.k = rng.standard_normal((90, 4, 16))
+        self.v = rng.standard_normal((90, 4, 16))
+        self.k[85] = 0.5 * self.q  # the row max in the last shard
+        self.scale = 1 / math.sqrt(16)
+
+    def test_shards_equal_the_whole(self):
+        want, want_lse = attention(self.q, self.k, self.v, self.scale)
+        parts = [attention(self.q, self.k[a:b], self.v[a:b], self.scale) for a, b in ((0, 30), (30, 31), (31, 90))]
+        out, lse = pc.merge_by_lse([p[0] for p in parts], [p[1] for p in parts])
+        self.assertLess(np.abs(out - want).max(), 1e-6)
+        self.assertLess(np.abs(lse - want_lse).max(), 1e-5)
+        self.assertGreater(np.abs(parts[0][0] - want).max(), 1e-2)  # merging did something
+
+    def test_empty_shards(self):
+        out, lse = attention(self.q, self.k, self.v, self.scale)
+        empty_out, empty_lse = np.full_like(out, 7.0), np.full_like(lse, -np.inf)
+        merged, merged_lse = pc.merge_by_lse([empty_out, out], [empty_lse, lse])
+        self.assertLess(np.abs(merged - out).max(), 1e-6)
+        nothing, nothing_lse = pc.merge_by_lse([empty_out, empty_out], [empty_lse, empty_lse])
+        self.assertTrue((nothing == 0).all())
+        self.assertTrue(np.isneginf(nothing_lse).all())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -19,6 +19,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Tokens converted to fp32 at a time: a tile of K and of V (at most
 // 16 x 256 floats each) stays in L1 while every query head of the group uses it.
 constexpr int64_t kTileTokens = 16;
+// How far ahead the next tiles' K and V are requested from memory.
+constexpr int32_t kPrefetchTiles = 2;
 
 template <typename T>
 HWY_INLINE void load_tile(const T* HWY_RESTRICT src, float* HWY_RESTRICT dst, int64_t n) {
@@ -168,17 +170,24 @@ void partial_impl(const PartialTask& t) {
 
   const auto* k_base = static_cast<const T*>(t.k_layer);
   const auto* v_base = static_cast<const T*>(t.v_layer);
-  TileSpan next = t.begin < t.end ? tile_at(t, t.begin) : TileSpan{0, 0};
+  // Prefetches run kPrefetchTiles tiles ahead of the tile being computed.
+  int64_t ahead = t.begin;
+  for (int32_t i = 0; i < kPrefetchTiles && ahead < t.end; ++i) {
+    const TileSpan span = tile_at(t, ahead);
+    prefetch_tile(k_base + span.offset, v_base + span.offset, span.tokens * d);
+    ahead += span.tokens;
+  }
   for (int64_t pos = t.begin; pos < t.end;) {
-    const TileSpan tile = next;
+    const TileSpan tile = tile_at(t, pos);
     const int64_t n = tile.tokens;
+    if (ahead < t.end) {
+      const TileSpan span = tile_at(t, ahead);
+      prefetch_tile(k_base + span.offset, v_base + span.offset, span.tokens * d);
+      ahead += span.tokens;
+    }
     // The tile's tokens are contiguous: [n][head_dim] inside one block and head.
     load_tile(k_base + tile.offset, k_tile, n * d);
     load_tile(v_base + tile.offset, v_tile, n * d);
-    if (pos + n < t.end) {
-      next = tile_at(t, pos + n);
-      prefetch_tile(k_base + next.offset, v_base + next.offset, next.tokens * d);
-    }
 
     if (n == kTileTokens) {
       update_heads<kD, kTileTokens>(t, k_tile, v_tile, scores, n);

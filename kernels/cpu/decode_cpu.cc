@@ -5,6 +5,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <algorithm>
+#include <limits>
 
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
@@ -78,17 +79,38 @@ HWY_INLINE V exp2_nonpositive(D d, V x) {
   return hn::IfThenZeroElse(underflow, hn::Mul(p, scale));
 }
 
-// Tiles of one KV head are 4 KiB pieces scattered one block stride apart, which
-// the hardware prefetcher does not follow across pages: ask for the next tile
-// while the current one is computed.
-template <typename T>
-HWY_INLINE void prefetch_tile(const T* k, const T* v, int64_t elems) {
-  const int64_t bytes = elems * static_cast<int64_t>(sizeof(T));
-  for (int64_t b = 0; b < bytes; b += 64) {
-    hwy::Prefetch(reinterpret_cast<const uint8_t*>(k) + b);
-    hwy::Prefetch(reinterpret_cast<const uint8_t*>(v) + b);
+// Tiles of one KV head are 4 KiB pieces one block stride apart, which the
+// hardware prefetcher does not follow. The next tiles' lines are requested a
+// few at a time, spread over the compute of the current tile: a burst of a
+// whole tile's prefetches stalls the core on its fill buffers instead of
+// overlapping with the arithmetic.
+class TilePrefetch {
+ public:
+  // Queues the lines of one tile (K and V, `bytes` each), finishing the last one.
+  void start(const void* k, const void* v, int64_t bytes, int64_t steps) {
+    step(std::numeric_limits<int64_t>::max());
+    k_ = static_cast<const uint8_t*>(k);
+    v_ = static_cast<const uint8_t*>(v);
+    end_ = bytes;
+    next_ = 0;
+    per_step_ = std::max<int64_t>(1, ((bytes + 63) / 64 + steps - 1) / steps);
   }
-}
+  void step() { step(per_step_); }
+
+ private:
+  void step(int64_t lines) {
+    for (; lines > 0 && next_ < end_; --lines, next_ += 64) {
+      hwy::Prefetch(k_ + next_);
+      hwy::Prefetch(v_ + next_);
+    }
+  }
+
+  const uint8_t* k_ = nullptr;
+  const uint8_t* v_ = nullptr;
+  int64_t end_ = 0;
+  int64_t next_ = 0;
+  int64_t per_step_ = 1;
+};
 
 // Position of the tile that starts at token `pos` of the chunk [pos, end).
 struct TileSpan {
@@ -110,7 +132,8 @@ HWY_INLINE TileSpan tile_at(const PartialTask& t, int64_t pos) {
 // kD = head_dim: the accumulator of one head lives in registers.
 template <int kD, int kN>
 HWY_INLINE void update_heads(const PartialTask& t, const float* HWY_RESTRICT k_tile,
-                             const float* HWY_RESTRICT v_tile, float* HWY_RESTRICT scores, int64_t n_runtime) {
+                             const float* HWY_RESTRICT v_tile, float* HWY_RESTRICT scores, int64_t n_runtime,
+                             TilePrefetch& prefetch) {
   const hn::ScalableTag<float> df;
   constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
   constexpr int64_t kVecs = kD / kLanes;
@@ -121,7 +144,10 @@ HWY_INLINE void update_heads(const PartialTask& t, const float* HWY_RESTRICT k_t
   const int32_t group = t.geometry->group_size();
   for (int32_t h = 0; h < group; ++h) {
     const float* q = t.q + h * d;
-    for (int64_t j = 0; j < n; ++j) scores[j] = dot<kD>(q, k_tile + j * d);
+    for (int64_t j = 0; j < n; ++j) {
+      prefetch.step();
+      scores[j] = dot<kD>(q, k_tile + j * d);
+    }
     for (int64_t j = n; j < padded; ++j) scores[j] = neg_inf<float>();
     auto vmax = hn::Load(df, scores);
     for (int64_t j = lanes; j < padded; j += lanes) vmax = hn::Max(vmax, hn::Load(df, scores + j));
@@ -170,19 +196,18 @@ void partial_impl(const PartialTask& t) {
 
   const auto* k_base = static_cast<const T*>(t.k_layer);
   const auto* v_base = static_cast<const T*>(t.v_layer);
-  // Prefetches run kPrefetchTiles tiles ahead of the tile being computed.
+  // The tile kPrefetchTiles ahead is requested while this one is computed, one
+  // step per (token, head) of the score loop.
+  TilePrefetch prefetch;
   int64_t ahead = t.begin;
-  for (int32_t i = 0; i < kPrefetchTiles && ahead < t.end; ++i) {
-    const TileSpan span = tile_at(t, ahead);
-    prefetch_tile(k_base + span.offset, v_base + span.offset, span.tokens * d);
-    ahead += span.tokens;
-  }
+  for (int32_t i = 0; i < kPrefetchTiles && ahead < t.end; ++i) ahead += tile_at(t, ahead).tokens;
   for (int64_t pos = t.begin; pos < t.end;) {
     const TileSpan tile = tile_at(t, pos);
     const int64_t n = tile.tokens;
     if (ahead < t.end) {
       const TileSpan span = tile_at(t, ahead);
-      prefetch_tile(k_base + span.offset, v_base + span.offset, span.tokens * d);
+      prefetch.start(k_base + span.offset, v_base + span.offset,
+                     span.tokens * d * static_cast<int64_t>(sizeof(T)), n * group);
       ahead += span.tokens;
     }
     // The tile's tokens are contiguous: [n][head_dim] inside one block and head.
@@ -190,9 +215,9 @@ void partial_impl(const PartialTask& t) {
     load_tile(v_base + tile.offset, v_tile, n * d);
 
     if (n == kTileTokens) {
-      update_heads<kD, kTileTokens>(t, k_tile, v_tile, scores, n);
+      update_heads<kD, kTileTokens>(t, k_tile, v_tile, scores, n, prefetch);
     } else {
-      update_heads<kD, 0>(t, k_tile, v_tile, scores, n);
+      update_heads<kD, 0>(t, k_tile, v_tile, scores, n, prefetch);
     }
     pos += n;
   }

@@ -1,0 +1,35 @@
+#pragma once
+// Checks requests against the server's geometry using the request's own bytes
+// (no copy of a tensor) and turns them into engine work. Every message names the
+// field and the expected vs. received value.
+
+#include <cstdint>
+
+#include "engine.h"
+#include "pagoda/v1/decode_attention.pb.h"
+
+namespace pagoda {
+
+// A wire tensor checked against an expected shape; data points into the message.
+struct TensorView {
+  DType dtype = DType::kFloat32;
+  const void* data = nullptr;
+  int64_t rows = 0;  // shape[0]
+};
+
+// Checks dtype (not unspecified, known), rank, every dimension of `shape` (a
+// value < 0 accepts any size >= 0 there) and the byte count.
+StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::initializer_list<int64_t> shape);
+
+// Validates a DecodeRequest and fills `work` (inputs) and `response` (sized
+// output buffers that `work` points into). `max_batch` bounds sequence_ids.
+Status prepare_decode(const v1::DecodeRequest& request, const CacheGeometry& g, int32_t max_batch,
+                      DecodeWork& work, v1::DecodeResponse& response);
+
+// Validates an AppendKVRequest and fills `work`.
+Status prepare_append(const v1::AppendKVRequest& request, const CacheGeometry& g, AppendWork& work);
+
+// Copies what the engine reported into the response (after a successful decode).
+void finish_decode_response(const DecodeWork& work, SplitMode mode, double total_us, v1::DecodeResponse& response);
+
+}  // namespace pagoda

@@ -1,0 +1,58 @@
+#pragma once
+// The server's settings: one field per flag of DESIGN §5's table (flag names,
+// environment variables and defaults live in server_flags.cc), checked as a whole
+// before anything starts.
+
+#include <cstdint>
+#include <string>
+
+#include "pagoda/backend.h"
+#include "pagoda/split_plan.h"
+#include "pagoda/status.h"
+
+namespace pagoda {
+
+struct ServerConfig {
+  std::string listen = "0.0.0.0:50051";           // gRPC address; port 0 picks a free one
+  std::string metrics_address = "0.0.0.0:9464";   // Prometheus exposition address
+  int32_t layers = 2;
+  int32_t q_heads = 8;
+  int32_t kv_heads = 2;
+  int32_t head_dim = 64;
+  int32_t block_size = 16;                         // tokens per block
+  int64_t num_blocks = 0;                          // 0: derived from cache_bytes
+  int64_t cache_bytes = int64_t{256} << 20;        // K+V of every layer, bytes
+  std::string cache_dtype = "fp16";                // fp32, fp16, bf16
+  int32_t split_tokens = 512;                      // multiple of block_size
+  std::string mode = "deterministic";              // deterministic or fast
+  int32_t max_batch = 256;                         // sequences per launch
+  int64_t max_batch_wait_us = 50;                  // 0: never wait for more work
+  int64_t max_message_bytes = int64_t{64} << 20;   // gRPC receive and send limit
+  int32_t threads = 0;                             // CPU backend threads; 0 = all cores
+  std::string backend = "auto";                    // auto, cpu, cuda
+  double drain_timeout = 30;                       // seconds
+  double determinism_sample_rate = 0.01;           // fraction of sequences re-checked
+  std::string log_level = "info";
+  std::string log_format = "text";                 // text or json
+};
+
+// The settings once checked and derived (dtype parsed, capacity in blocks).
+struct EffectiveConfig {
+  ServerConfig raw;
+  CacheGeometry geometry;   // num_blocks resolved from cache_bytes when not given
+  SplitMode mode = SplitMode::kDeterministic;
+};
+
+// Checks every field and every combination (split_tokens a multiple of
+// block_size, q_heads a multiple of kv_heads, capacity of at least one block,
+// known dtype, mode, backend and log settings). Messages name the flag, the
+// expected and the received value.
+StatusOr<EffectiveConfig> resolve_config(const ServerConfig& config);
+
+// Bytes one block takes in every layer, K and V together.
+int64_t block_bytes(const CacheGeometry& g);
+
+// One line of the effective settings, for the start-up log.
+std::string describe(const EffectiveConfig& config);
+
+}  // namespace pagoda

@@ -1,0 +1,196 @@
+// Unary handlers of pagoda.v1.DecodeAttention (DecodeStream is in decode_stream.cc).
+#include "service.h"
+
+#include <spdlog/spdlog.h>
+
+#include "grpc_status.h"
+#include "request_validation.h"
+
+namespace pagoda {
+namespace {
+
+double micros_since(EngineClock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(EngineClock::now() - t0).count();
+}
+
+// One unary Decode: validated in the handler, computed by the engine, finished
+// from the engine's thread.
+class DecodeCall final : public grpc::ServerUnaryReactor, public WorkDone {
+ public:
+  DecodeCall(DecodeAttentionService& service, const v1::DecodeRequest& request, v1::DecodeResponse& response)
+      : service_(service), request_(request), response_(response) {
+    service.call_started();
+    Engine& engine = service.engine();
+    engine.note_arriving();
+    const Status status = prepare_decode(request, service.config().geometry, service.config().raw.max_batch,
+                                         work_, response);
+    engine.note_arrived();
+    if (!status.ok()) {
+      work_done(status);
+      return;
+    }
+    work_.done = this;
+    engine.submit(&work_);
+  }
+
+  void work_done(const Status& status) override {
+    if (status.ok()) {
+      finish_decode_response(work_, service_.config().mode, micros_since(received_), response_);
+    } else {
+      spdlog::warn("Decode request_id={} layer={} failed: {} {}", request_.request_id(), request_.layer(),
+                   static_cast<int>(status.code()), status.message());
+    }
+    Finish(to_grpc_status(status));
+  }
+
+  void OnCancel() override { work_.cancelled.store(true, std::memory_order_relaxed); }
+  void OnDone() override {
+    service_.call_done();
+    delete this;
+  }
+
+ private:
+  const EngineClock::time_point received_ = EngineClock::now();
+  DecodeAttentionService& service_;
+  const v1::DecodeRequest& request_;
+  v1::DecodeResponse& response_;
+  DecodeWork work_;
+};
+
+// One AppendKV: the write (and any dtype conversion) runs on the engine.
+class AppendCall final : public grpc::ServerUnaryReactor, public WorkDone {
+ public:
+  AppendCall(DecodeAttentionService& service, const v1::AppendKVRequest& request, v1::AppendKVResponse& response)
+      : service_(service), request_(request), response_(response) {
+    service.call_started();
+    const Status status = prepare_append(request, service.config().geometry, work_);
+    if (!status.ok()) {
+      work_done(status);
+      return;
+    }
+    work_.done = this;
+    service.engine().submit(&work_);
+  }
+
+  void work_done(const Status& status) override {
+    if (status.ok()) {
+      response_.set_layer_length(work_.layer_length);
+    } else {
+      spdlog::warn("AppendKV sequence_id={} layer={} failed: {} {}", request_.sequence_id(), request_.layer(),
+                   static_cast<int>(status.code()), status.message());
+    }
+    Finish(to_grpc_status(status));
+  }
+
+  void OnCancel() override { work_.cancelled.store(true, std::memory_order_relaxed); }
+  void OnDone() override {
+    service_.call_done();
+    delete this;
+  }
+
+ private:
+  DecodeAttentionService& service_;
+  const v1::AppendKVRequest& request_;
+  v1::AppendKVResponse& response_;
+  AppendWork work_;
+};
+
+}  // namespace
+
+Status draining_status() { return Unavailable("server: draining (shutting down); send new calls to another replica"); }
+
+grpc::ServerUnaryReactor* finish_unary(grpc::CallbackServerContext* ctx, const char* method, const Status& status) {
+  if (!status.ok()) spdlog::warn("{} failed: {} {}", method, static_cast<int>(status.code()), status.message());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(to_grpc_status(status));
+  return reactor;
+}
+
+DecodeAttentionService::DecodeAttentionService(const EffectiveConfig& config, Backend& backend, CacheManager& cache,
+                                               Engine& engine)
+    : config_(config), backend_(backend), cache_(cache), engine_(engine) {}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServerContext* ctx,
+                                                            const v1::GetConfigRequest*,
+                                                            v1::GetConfigResponse* r) {
+  if (draining()) return finish_unary(ctx, "GetConfig", draining_status());
+  const CacheGeometry& g = config_.geometry;
+  r->set_num_layers(g.num_layers);
+  r->set_num_q_heads(g.num_q_heads);
+  r->set_num_kv_heads(g.num_kv_heads);
+  r->set_head_dim(g.head_dim);
+  r->set_block_size(g.block_size);
+  r->set_cache_dtype(static_cast<v1::DType>(static_cast<int>(g.dtype)));
+  r->set_total_blocks(cache_.total_blocks());
+  r->set_free_blocks(cache_.free_blocks());
+  r->set_split_tokens(config_.raw.split_tokens);
+  r->set_deterministic(config_.mode == SplitMode::kDeterministic);
+  r->set_backend(backend_.name());
+  r->set_device_name(backend_.device_name());
+  r->set_version(PAGODA_VERSION);
+  r->set_max_message_bytes(config_.raw.max_message_bytes);
+  r->set_max_batch(config_.raw.max_batch);
+  r->set_max_batch_wait_us(config_.raw.max_batch_wait_us);
+  return finish_unary(ctx, "GetConfig", Status::Ok());
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::CreateSequence(grpc::CallbackServerContext* ctx,
+                                                                 const v1::CreateSequenceRequest* request,
+                                                                 v1::CreateSequenceResponse* response) {
+  if (draining()) return finish_unary(ctx, "CreateSequence", draining_status());
+  const SequenceId id = cache_.create(request->label());
+  response->set_sequence_id(id);
+  spdlog::debug("CreateSequence sequence_id={} label='{}'", id, request->label());
+  return finish_unary(ctx, "CreateSequence", Status::Ok());
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::AppendKV(grpc::CallbackServerContext* ctx,
+                                                           const v1::AppendKVRequest* request,
+                                                           v1::AppendKVResponse* response) {
+  if (draining()) return finish_unary(ctx, "AppendKV", draining_status());
+  return new AppendCall(*this, *request, *response);
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerContext* ctx,
+                                                         const v1::DecodeRequest* request,
+                                                         v1::DecodeResponse* response) {
+  if (draining()) return finish_unary(ctx, "Decode", draining_status());
+  return new DecodeCall(*this, *request, *response);
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::ForkSequence(grpc::CallbackServerContext* ctx,
+                                                               const v1::ForkSequenceRequest* request,
+                                                               v1::ForkSequenceResponse* response) {
+  if (draining()) return finish_unary(ctx, "ForkSequence", draining_status());
+  StatusOr<SequenceId> id = cache_.fork(request->source_id());
+  if (id.ok()) {
+    response->set_sequence_id(*id);
+    spdlog::debug("ForkSequence source_id={} -> sequence_id={}", request->source_id(), *id);
+  }
+  return finish_unary(ctx, "ForkSequence", id.status());
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::FreeSequence(grpc::CallbackServerContext* ctx,
+                                                               const v1::FreeSequenceRequest* request,
+                                                               v1::FreeSequenceResponse*) {
+  if (draining()) return finish_unary(ctx, "FreeSequence", draining_status());
+  const Status status = cache_.free(request->sequence_id());
+  if (status.ok()) spdlog::debug("FreeSequence sequence_id={}", request->sequence_id());
+  return finish_unary(ctx, "FreeSequence", status);
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::GetSequence(grpc::CallbackServerContext* ctx,
+                                                              const v1::GetSequenceRequest* request,
+                                                              v1::GetSequenceResponse* response) {
+  if (draining()) return finish_unary(ctx, "GetSequence", draining_status());
+  StatusOr<SequenceInfo> info = cache_.info(request->sequence_id());
+  if (info.ok()) {
+    response->set_sequence_id(request->sequence_id());
+    response->mutable_layer_lengths()->Add(info->layer_lengths.begin(), info->layer_lengths.end());
+    response->set_blocks_held(info->blocks_held);
+    response->set_label(info->label);
+  }
+  return finish_unary(ctx, "GetSequence", info.status());
+}
+
+}  // namespace pagoda

@@ -1,0 +1,80 @@
+#pragma once
+// The gRPC face of the server: pagoda.v1.DecodeAttention on the callback API.
+// Handlers validate and either answer at once (bookkeeping calls) or hand work
+// to the engine; no handler computes attention or waits on a lock held across
+// compute. This header pulls in the generated gRPC code: include it only from
+// the service and server translation units.
+
+#include <atomic>
+#include <mutex>
+#include <unordered_set>
+
+#include <grpcpp/grpcpp.h>
+
+#include "cache_manager.h"
+#include "engine.h"
+#include "pagoda/backend.h"
+#include "pagoda/v1/decode_attention.grpc.pb.h"
+#include "server_config.h"
+
+namespace pagoda {
+
+class DecodeStreamCall;
+
+class DecodeAttentionService final : public v1::DecodeAttention::CallbackService {
+ public:
+  DecodeAttentionService(const EffectiveConfig& config, Backend& backend, CacheManager& cache, Engine& engine);
+
+  grpc::ServerUnaryReactor* GetConfig(grpc::CallbackServerContext* ctx, const v1::GetConfigRequest* request,
+                                      v1::GetConfigResponse* response) override;
+  grpc::ServerUnaryReactor* CreateSequence(grpc::CallbackServerContext* ctx, const v1::CreateSequenceRequest* request,
+                                           v1::CreateSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* AppendKV(grpc::CallbackServerContext* ctx, const v1::AppendKVRequest* request,
+                                     v1::AppendKVResponse* response) override;
+  grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* ctx, const v1::DecodeRequest* request,
+                                   v1::DecodeResponse* response) override;
+  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* ForkSequence(grpc::CallbackServerContext* ctx, const v1::ForkSequenceRequest* request,
+                                         v1::ForkSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* FreeSequence(grpc::CallbackServerContext* ctx, const v1::FreeSequenceRequest* request,
+                                         v1::FreeSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* GetSequence(grpc::CallbackServerContext* ctx, const v1::GetSequenceRequest* request,
+                                        v1::GetSequenceResponse* response) override;
+
+  // Drain: new calls get UNAVAILABLE; open streams answer what they have read,
+  // then finish with UNAVAILABLE.
+  void begin_drain();
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+  // Decode, AppendKV and DecodeStream calls started and not yet done (the
+  // others answer within their handler).
+  int64_t active_calls() const { return active_calls_.load(std::memory_order_acquire); }
+  void call_started() { active_calls_.fetch_add(1, std::memory_order_acq_rel); }
+  void call_done() { active_calls_.fetch_sub(1, std::memory_order_acq_rel); }
+
+  const EffectiveConfig& config() const { return config_; }
+  CacheManager& cache() { return cache_; }
+  Engine& engine() { return engine_; }
+
+ private:
+  friend class DecodeStreamCall;
+  void register_stream(DecodeStreamCall* call);
+  void unregister_stream(DecodeStreamCall* call);
+
+  const EffectiveConfig config_;
+  Backend& backend_;
+  CacheManager& cache_;
+  Engine& engine_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> active_calls_{0};
+  std::mutex streams_mu_;
+  std::unordered_set<DecodeStreamCall*> streams_;
+};
+
+// Answers a call that fails before any work: logs it with the method name.
+grpc::ServerUnaryReactor* finish_unary(grpc::CallbackServerContext* ctx, const char* method, const Status& status);
+
+// The status every call gets while the server drains.
+Status draining_status();
+
+}  // namespace pagoda

@@ -58,6 +58,10 @@ std::string cpu_model_name() {
   return "cpu";
 }
 
+// Launches with fewer (token, KV head) pairs than this run on the calling
+// thread (about 50 microseconds of work).
+constexpr int64_t kParallelMinTokenHeads = 4096;
+
 // One unit of work: a chunk of one sequence for one KV head.
 struct WorkItem {
   int32_t seq;
@@ -92,6 +96,17 @@ class CpuBackend final : public Backend {
       return InvalidArgument("{}: expected a block id in [0, {}), received {}", field, geometry_.num_blocks, block);
     }
     return Status::Ok();
+  }
+
+  // Runs fn(begin, end) over [0, n): on the pool in pieces of at least `grain`,
+  // or on the calling thread.
+  template <typename Fn>
+  void run_range(bool parallel, size_t n, size_t grain, const Fn& fn) {
+    if (!parallel || threads_ == 1) return fn(0, n);
+    arena_.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<size_t>(0, n, grain),
+                        [&](const tbb::blocked_range<size_t>& r) { fn(r.begin(), r.end()); });
+    });
   }
 
   CacheGeometry geometry_;
@@ -214,54 +229,55 @@ Status CpuBackend::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
   auto* accs_p = accs.data();
   const float* q_p = q32.data();
   const size_t num_items = items.size();
-  arena_.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, num_items, 1), [&](const tbb::blocked_range<size_t>& r) {
-      for (size_t i = r.begin(); i != r.end(); ++i) {
-        const WorkItem& it = items_p[i];
-        const ChunkRange range = chunk_range(tables.lengths[it.seq], chunk_tokens, it.chunk);
-        cpu::PartialTask task;
-        task.geometry = &g;
-        task.k_layer = k_layer;
-        task.v_layer = v_layer;
-        task.blocks = tables.block_ids + tables.block_indptr[it.seq];
-        task.begin = range.begin;
-        task.end = range.end;
-        task.kv_head = it.kv_head;
-        task.q = q_p + (static_cast<int64_t>(it.seq) * g.num_q_heads + it.kv_head * group) * d;
-        task.m = stats_p + i * group * 2;
-        task.l = task.m + group;
-        task.acc = accs_p + i * group * d;
-        cpu::compute_partial(task);
-      }
-    });
-  });
+  // Small launches run on the calling thread: waking the pool costs more than
+  // their work. Which thread computes an item never changes its bits.
+  const bool parallel = total_tokens * g.num_kv_heads >= kParallelMinTokenHeads;
+  auto partials = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i != end; ++i) {
+      const WorkItem& it = items_p[i];
+      const ChunkRange range = chunk_range(tables.lengths[it.seq], chunk_tokens, it.chunk);
+      cpu::PartialTask task;
+      task.geometry = &g;
+      task.k_layer = k_layer;
+      task.v_layer = v_layer;
+      task.blocks = tables.block_ids + tables.block_indptr[it.seq];
+      task.begin = range.begin;
+      task.end = range.end;
+      task.kv_head = it.kv_head;
+      task.q = q_p + (static_cast<int64_t>(it.seq) * g.num_q_heads + it.kv_head * group) * d;
+      task.m = stats_p + i * group * 2;
+      task.l = task.m + group;
+      task.acc = accs_p + i * group * d;
+      cpu::compute_partial(task);
+    }
+  };
+  run_range(parallel, num_items, 1, partials);
   const auto t_merge = Clock::now();
 
   // Merge in chunk order, one (sequence, query head) at a time.
   const int64_t out_row_bytes = d * static_cast<int64_t>(dtype_size(launch.q_dtype));
-  arena_.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<int32_t>(0, batch * g.num_q_heads, 8), [&](const tbb::blocked_range<int32_t>& r) {
-      alignas(64) float acc[256];  // head_dim <= 256 (validate_geometry)
-      for (int32_t row = r.begin(); row != r.end(); ++row) {
-        const int32_t b = row / g.num_q_heads;
-        const int32_t qh = row % g.num_q_heads;
-        const int32_t kvh = qh / group;
-        const int32_t hg = qh % group;
-        const int32_t chunks = (first_item_p[b + 1] - first_item_p[b]) / g.num_kv_heads;
-        SoftmaxStats<float> s;
-        std::fill(acc, acc + d, 0.f);
-        for (int32_t c = 0; c < chunks; ++c) {
-          const size_t i = static_cast<size_t>(first_item_p[b]) + static_cast<size_t>(kvh) * chunks + c;
-          const SoftmaxStats<float> p{stats_p[i * group * 2 + hg], stats_p[i * group * 2 + group + hg]};
-          merge_into(s, acc, p, accs_p + (i * group + hg) * d, static_cast<int>(d));
-        }
-        const float inv = inverse_sum(s.l);
-        for (int64_t i = 0; i < d; ++i) acc[i] *= inv;
-        convert_from_float(acc, static_cast<std::byte*>(out.out) + row * out_row_bytes, launch.q_dtype, d);
-        if (out.lse) out.lse[row] = natural_lse(s.m, s.l);
+  auto merges = [&](size_t begin, size_t end) {
+    alignas(64) float acc[256];  // head_dim <= 256 (validate_geometry)
+    for (size_t row = begin; row != end; ++row) {
+      const auto b = static_cast<int32_t>(row / g.num_q_heads);
+      const auto qh = static_cast<int32_t>(row % g.num_q_heads);
+      const int32_t kvh = qh / group;
+      const int32_t hg = qh % group;
+      const int32_t chunks = (first_item_p[b + 1] - first_item_p[b]) / g.num_kv_heads;
+      SoftmaxStats<float> s;
+      std::fill(acc, acc + d, 0.f);
+      for (int32_t c = 0; c < chunks; ++c) {
+        const size_t i = static_cast<size_t>(first_item_p[b]) + static_cast<size_t>(kvh) * chunks + c;
+        const SoftmaxStats<float> p{stats_p[i * group * 2 + hg], stats_p[i * group * 2 + group + hg]};
+        merge_into(s, acc, p, accs_p + (i * group + hg) * d, static_cast<int>(d));
       }
-    });
-  });
+      const float inv = inverse_sum(s.l);
+      for (int64_t i = 0; i < d; ++i) acc[i] *= inv;
+      convert_from_float(acc, static_cast<std::byte*>(out.out) + row * out_row_bytes, launch.q_dtype, d);
+      if (out.lse) out.lse[row] = natural_lse(s.m, s.l);
+    }
+  };
+  run_range(parallel, static_cast<size_t>(batch) * g.num_q_heads, 8, merges);
   out.merge_seconds = seconds_since(t_merge);
   out.attention_seconds = seconds_since(t0);
   out.transfer_seconds = 0;

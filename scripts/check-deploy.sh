@@ -6,7 +6,7 @@
 #
 # Usage: scripts/check-deploy.sh [PAGODA_SERVER [PAGODA_CLI]]
 #   With a built pagoda-server, flags are checked against its --help (a renamed flag
-#   then fails here, not in a deployment); without, against DESIGN.md §5's flag table.
+#   then fails here, not in a deployment); without, against README.md's flag table.
 #   With a built pagoda-cli, the HEALTHCHECK's options are checked against its --help.
 # Tools: scripts/install-check-deps.sh installs them.
 set -uo pipefail

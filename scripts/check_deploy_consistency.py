@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """Checks that the deployment assets agree with the server and with each other.
 
-- pagoda-server's --help has every flag of DESIGN §5's table (when both are at hand);
+- pagoda-server's --help has exactly the flags of README.md's configuration table;
 - every PAGODA_* variable and every --flag given to pagoda-server by the Dockerfile and
   the Kubernetes manifests is a flag of pagoda-server (its --help when a binary is given,
-  else the flag table of DESIGN §5), and the HEALTHCHECK's pagoda-cli usage exists;
+  else README.md's flag table), and the HEALTHCHECK's pagoda-cli usage exists;
 - ports: named ports grpc/metrics, probes, EXPOSE and the listen addresses agree;
 - terminationGracePeriodSeconds exceeds the drain timeout, and the liveness probe's
   failure window too (a draining server answers NOT_SERVING);
@@ -228,7 +228,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--server-binary")
     parser.add_argument("--cli-binary")
-    parser.add_argument("--design", default=str(ROOT.parent / "shared/docs/DESIGN.md"))
+    parser.add_argument("--design", default=str(ROOT / "README.md"))
     parser.add_argument("--dashboard-rules", required=True,
                         help="where to write the dashboard's queries as a rule file")
     args = parser.parse_args()
@@ -241,10 +241,13 @@ def main():
     if "--listen" not in flags:
         fail(f"no --listen flag read from {source}: is that the right binary or file?")
     if args.server_binary and design.exists():
-        # DESIGN §5 fixes the flag names deployments rely on: the binary must have them all.
+        # README's table fixes the flag names deployments rely on: the binary must have
+        # them all, and every flag the binary has must be documented there.
         design_flags, design_source = server_flags(None, design)
         for flag in sorted(set(design_flags) - set(flags)):
             fail(f"{source} lacks {flag}, a fixed flag of {design_source}")
+        for flag in sorted(set(flags) - set(design_flags)):
+            fail(f"{flag} of {source} is not documented in {design_source}")
     docs = load_manifests()
     dockerfile = (ROOT / "Dockerfile").read_text()
     used_env = check_flags(flags, source, docs, dockerfile)

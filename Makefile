@@ -18,7 +18,7 @@ deps:
 
 # promtool and a Prometheus server, yamllint, shellcheck: the deployment checks' tools.
 check-deps:
-	@bash scripts/install-check-deps.sh
+	@bash scripts/install-deps.sh checks
 
 configure: deps
 	@cmake -G Ninja -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS) > $(BUILD).configure.log 2>&1 \

@@ -8,7 +8,7 @@
 #   With a built pagoda-server, flags are checked against its --help (a renamed flag
 #   then fails here, not in a deployment); without, against README.md's flag table.
 #   With a built pagoda-cli, the HEALTHCHECK's options are checked against its --help.
-# Tools: scripts/install-check-deps.sh installs them.
+# Tools: scripts/install-deps.sh checks installs them.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,7 +21,7 @@ for tool in promtool yamllint shellcheck /usr/bin/python3; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
-  echo "check-deploy: missing ${missing[*]}; run scripts/install-check-deps.sh" >&2
+  echo "check-deploy: missing ${missing[*]}; run scripts/install-deps.sh checks" >&2
   exit 1
 fi
 for bin in "$server_bin" "$cli_bin"; do

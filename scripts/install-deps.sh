@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Installs the distribution packages pagoda builds, tests and runs with.
-# Idempotent: when every package is present it returns without touching apt.
+# Installs the distribution packages pagoda needs. Idempotent: when every
+# package is present it returns without touching apt.
+#
+# Usage: scripts/install-deps.sh [build] [checks]
+#   build  (default) compilers, libraries and tools to build, test and run
+#   checks the deployment checks' tools: promtool and a Prometheus server,
+#          yamllint, shellcheck
 set -euo pipefail
 
-packages=(
+build_packages=(
   cmake ninja-build g++ make pkg-config curl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev prometheus-cpp-dev
@@ -11,6 +16,16 @@ packages=(
   libhwy-dev libtbb-dev libcli11-dev
   python3-grpcio python3-grpc-tools python3-numpy
 )
+check_packages=(prometheus yamllint shellcheck curl)
+
+packages=()
+for group in "${@:-build}"; do
+  case "$group" in
+    build) packages+=("${build_packages[@]}") ;;
+    checks) packages+=("${check_packages[@]}") ;;
+    *) echo "install-deps: expected a group among build, checks; received '$group'" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

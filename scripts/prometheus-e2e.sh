@@ -19,7 +19,7 @@ python=/usr/bin/python3  # Debian's: the one with the json module guaranteed, no
 
 for tool in prometheus curl "$python"; do
   if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "prometheus-e2e: missing $tool; run scripts/install-check-deps.sh" >&2
+    echo "prometheus-e2e: missing $tool; run scripts/install-deps.sh checks" >&2
     exit 1
   fi
 done

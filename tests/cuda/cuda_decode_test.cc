@@ -1,6 +1,5 @@
 // The CUDA backend against the double-precision reference and against the CPU
 // backend, over the same declared shape table as the CPU tests.
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,57 +7,16 @@
 #include <vector>
 
 #include "cuda/kv_fixture.h"
+#include "reference/decode_table.h"
 
 namespace pagoda::testing {
 namespace {
 
-const int32_t kLengths[] = {0, 1, 15, 16, 17, 1000, 4097};
-constexpr int32_t kLayer = 1;  // layer 0 stays NaN: a wrong layer offset shows
-constexpr int32_t kKvHeads = 2;
-constexpr int32_t kSplitTokens = 512;
-
-// Bounds per output dtype (as the CPU tests): the reference sees the same
-// rounded K/V/q, so the error is fp32 accumulation plus the final rounding of o
-// to q's dtype, half an ulp at |o| < 1: 2^-11 (fp16) or 2^-8 (bf16).
-struct Bounds {
-  double max_abs;
-  double nmse;
-};
-Bounds bounds_for(DType out) {
-  switch (out) {
-    case DType::kFloat32: return {2e-5, 1e-9};
-    case DType::kFloat16: return {1e-3, 1e-6};
-    case DType::kBFloat16: return {8e-3, 3e-5};
-  }
-  return {0, 0};
-}
-
-struct Case {
-  int32_t head_dim;
-  int32_t gqa;
-  int32_t block_size;
-  DType cache;
-  DType q;
-};
-
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
-  return fmt::format("d{}_gqa{}_bs{}_kv{}_q{}", c.head_dim, c.gqa, c.block_size,
-                     dtype_name(c.cache), dtype_name(c.q));
-}
-
-std::vector<Case> table() {
-  std::vector<Case> cases;
-  for (int32_t d : {64, 128, 256})
-    for (int32_t gqa : {1, 4, 8})
-      for (int32_t bs : {1, 3, 7, 16})
-        for (DType cache : {DType::kFloat32, DType::kFloat16, DType::kBFloat16})
-          for (DType q : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-            // q in fp32 against every cache dtype, and q in the cache's own dtype.
-            if (q == DType::kFloat32 || q == cache) cases.push_back({d, gqa, bs, cache, q});
-          }
-  return cases;
-}
+using Case = DecodeCase;
+constexpr auto& kLengths = kTableLengths;
+constexpr int32_t kLayer = kTableLayer;
+constexpr int32_t kKvHeads = kTableKvHeads;
+constexpr int32_t kSplitTokens = kTableSplitTokens;
 
 CacheGeometry geometry_for(const Case& c) {
   CacheGeometry g;
@@ -74,29 +32,10 @@ CacheGeometry geometry_for(const Case& c) {
   return g;
 }
 
-void expect_matches_reference(const CacheGeometry& g, const Decoded& got,
-                              const ReferenceResult& want, DType q_dtype, const char* what) {
+void expect_matches_reference(const CacheGeometry& g, const Decoded& got, const ReferenceResult& want,
+                              DType q_dtype, const char* what) {
   SCOPED_TRACE(what);
-  const Bounds bound = bounds_for(q_dtype);
-  const ErrorStats e = compare(want.out, got.out);
-  EXPECT_FALSE(e.has_nan);
-  EXPECT_LE(e.max_abs, bound.max_abs);
-  EXPECT_LE(e.nmse, bound.nmse);
-  for (size_t i = 0; i < want.lse.size(); ++i) {
-    if (std::isinf(want.lse[i])) {
-      EXPECT_EQ(got.lse[i], -INFINITY) << "row " << i;
-    } else {
-      EXPECT_NEAR(got.lse[i], want.lse[i], 1e-4 * std::max(1.0, std::abs(want.lse[i])))
-          << "row " << i;
-    }
-  }
-  const int32_t row = g.num_q_heads * g.head_dim;
-  for (size_t b = 0; b < std::size(kLengths); ++b) {
-    EXPECT_EQ(got.splits[b], (kLengths[b] + got.chunk_tokens - 1) / got.chunk_tokens)
-        << "sequence " << b;
-    if (kLengths[b] != 0) continue;
-    for (int32_t i = 0; i < row; ++i) ASSERT_EQ(got.out[b * row + i], 0.f) << "sequence " << b;
-  }
+  expect_table_decode(g, got, want, q_dtype);
 }
 
 class CudaDecode : public ::testing::TestWithParam<Case> {};
@@ -132,7 +71,7 @@ TEST_P(CudaDecode, MatchesReferenceAndCpuBackend) {
   EXPECT_EQ(cpu.splits, det.splits);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, CudaDecode, ::testing::ValuesIn(table()), case_name);
+INSTANTIATE_TEST_SUITE_P(Table, CudaDecode, ::testing::ValuesIn(decode_table()), case_name);
 
 // Group sizes outside the table: 3 and 6 leave head slots of a thread unused;
 // 22 query heads on one KV head at head_dim 256 take two passes over the chunk,

@@ -8,7 +8,7 @@
 #include <memory>
 #include <mutex>
 
-#include <spdlog/spdlog.h>
+#include <fmt/format.h>
 
 #include "grpc_status.h"
 #include "request_validation.h"
@@ -142,6 +142,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest,
         const double total_us =
             std::chrono::duration<double, std::micro>(EngineClock::now() - slot.received).count();
         finish_decode_response(slot.work, service_.config().mode, total_us, slot.response);
+        service_.observe_call(RpcMethod::kDecodeStream, slot.received, status);
         slot.ready = true;
       } else {
         fail_slot_locked(slot, status);
@@ -152,8 +153,8 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest,
   }
 
   void fail_slot_locked(Slot& slot, const Status& status) {
-    spdlog::warn("DecodeStream request_id={} layer={} failed: {} {}", slot.request.request_id(),
-                 slot.request.layer(), static_cast<int>(status.code()), status.message());
+    service_.observe_call(RpcMethod::kDecodeStream, slot.received, status,
+                          fmt::format("request_id={} layer={}", slot.request.request_id(), slot.request.layer()));
     slot.response.Clear();
     slot.response.set_request_id(slot.request.request_id());
     slot.response.mutable_error()->set_code(static_cast<int>(status.code()));
@@ -204,10 +205,13 @@ grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeAttentionS
   if (draining()) {
     class Refused final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
      public:
-      Refused() { Finish(to_grpc_status(draining_status())); }
+      explicit Refused(DecodeAttentionService& service) {
+      service.observe_call(RpcMethod::kDecodeStream, EngineClock::now(), draining_status());
+      Finish(to_grpc_status(draining_status()));
+    }
       void OnDone() override { delete this; }
     };
-    return new Refused();
+    return new Refused(*this);
   }
   return new DecodeStreamCall(*this);
 }

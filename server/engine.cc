@@ -6,6 +6,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include "cache_gauges.h"
+#include "determinism_checker.h"
+
 namespace pagoda {
 namespace {
 
@@ -31,10 +34,12 @@ thread_local LaunchScratch t_scratch;
 
 }  // namespace
 
-Engine::Engine(Backend& backend, CacheManager& cache, const EngineOptions& options)
+Engine::Engine(Backend& backend, CacheManager& cache, const EngineOptions& options,
+               const EngineObservers& observers)
     : backend_(backend),
       cache_(cache),
       options_(options),
+      observers_(observers),
       num_layers_(backend.geometry().num_layers),
       queues_(static_cast<size_t>(num_layers_)),
       layer_busy_(static_cast<size_t>(num_layers_), false) {
@@ -188,6 +193,7 @@ void Engine::run_append(AppendWork& work) {
   }
   StatusOr<int32_t> length = cache_.append(work.id, work.layer, work.num_tokens, work.k, work.v, work.dtype);
   if (length.ok()) work.layer_length = *length;
+  if (observers_.cache_gauges) observers_.cache_gauges->publish();
   work.done->work_done(length.status());
 }
 
@@ -197,12 +203,14 @@ void Engine::run_decode_batch(std::vector<Item>& items) {
   LaunchScratch& s = t_scratch;
   s.leases.clear();
   s.launched.clear();
+  bool appends = false;
 
   // Reserve (and append) item by item in queue order; a failed item changes
   // nothing and is answered at once.
   for (size_t i = 0; i < items.size(); ++i) {
     DecodeWork& d = *items[i].decode;
     d.queue_us = micros_between(d.enqueued, start);
+    if (observers_.metrics) observers_.metrics->observe_stage(DecodeStage::kQueue, d.queue_us * 1e-6);
     if (d.cancelled.load(std::memory_order_relaxed)) {
       d.done->work_done(Status(StatusCode::kCancelled, "request: cancelled or past its deadline before it ran"));
       continue;
@@ -215,6 +223,7 @@ void Engine::run_decode_batch(std::vector<Item>& items) {
       rows.v = d.v;
       rows.dtype = d.kv_dtype;
       append = &rows;
+      appends = true;
     }
     StatusOr<Lease> lease = cache_.acquire(d.layer, d.ids, append);
     if (!lease.ok()) {
@@ -225,7 +234,11 @@ void Engine::run_decode_batch(std::vector<Item>& items) {
     s.launched.push_back(i);
     s.leases.push_back(std::move(*lease));
   }
-  if (s.launched.empty()) return;
+  if (s.launched.empty()) {
+    if (appends && observers_.cache_gauges) observers_.cache_gauges->publish();
+    return;
+  }
+  const double append_seconds = appends ? micros_between(start, EngineClock::now()) * 1e-6 : 0.0;
 
   // One CSR block table for the whole batch.
   s.block_indptr.assign(1, 0);
@@ -285,7 +298,9 @@ void Engine::run_decode_batch(std::vector<Item>& items) {
     counters_.sequences += static_cast<uint64_t>(batch);
     counters_.largest_batch = std::max(counters_.largest_batch, batch);
   }
+  if (status.ok()) observe_launch(items, launch, outputs, append_seconds);
   s.leases.clear();  // blocks are unpinned before anyone is told
+  if (observers_.cache_gauges) observers_.cache_gauges->publish();
   const double compute_us = micros_between(start, EngineClock::now());
   spdlog::trace("engine: layer {} launch of {} requests, {} sequences, {:.1f} us", head.layer, s.launched.size(),
                 batch, compute_us);
@@ -310,6 +325,48 @@ void Engine::run_decode_batch(std::vector<Item>& items) {
     d.compute_us = compute_us;
     row += n;
     d.done->work_done(status);
+  }
+}
+
+void Engine::observe_launch(const std::vector<Item>& items, const DecodeLaunch& launch, const DecodeOutputs& outputs,
+                            double append_seconds) {
+  LaunchScratch& s = t_scratch;
+  const CacheGeometry& g = backend_.geometry();
+  if (Metrics* m = observers_.metrics) {
+    if (append_seconds > 0) m->observe_stage(DecodeStage::kAppend, append_seconds);
+    m->observe_stage(DecodeStage::kAttention, std::max(0.0, outputs.attention_seconds - outputs.merge_seconds));
+    m->observe_stage(DecodeStage::kMerge, outputs.merge_seconds);
+    if (outputs.transfer_seconds > 0) m->observe_stage(DecodeStage::kTransfer, outputs.transfer_seconds);
+    m->observe_batch(s.lengths);
+    int64_t tokens = 0;
+    for (int32_t length : s.lengths) tokens += length;
+    m->add_kv_read(static_cast<double>(tokens) * static_cast<double>(g.token_kv_bytes()), outputs.attention_seconds);
+  }
+  DeterminismChecker* checker = observers_.checker;
+  if (checker == nullptr || !checker->enabled()) return;
+  // The launch's leases are alive here, so a sampled sequence's blocks are still pinned.
+  const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * dtype_size(launch.q_dtype);
+  const size_t lse_row = static_cast<size_t>(g.num_q_heads);
+  size_t row = 0;
+  for (size_t i : s.launched) {
+    const DecodeWork& d = *items[i].decode;
+    for (SequenceId id : d.ids) {
+      if (checker->should_sample()) {
+        DecodedSequence seq;
+        seq.id = id;
+        seq.layer = launch.layer;
+        seq.length = s.lengths[row];
+        seq.q = static_cast<const std::byte*>(launch.q) + row * row_bytes;
+        seq.q_dtype = launch.q_dtype;
+        seq.scale = launch.scale;
+        seq.out = static_cast<const std::byte*>(outputs.out) + row * row_bytes;
+        seq.lse = outputs.lse ? outputs.lse + row * lse_row : nullptr;
+        seq.splits = outputs.splits ? outputs.splits[row] : 0;
+        seq.chunk_tokens = outputs.chunk_tokens;
+        checker->submit(seq);
+      }
+      ++row;
+    }
   }
 }
 

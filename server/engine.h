@@ -9,7 +9,8 @@
 // calls that are already being validated. Each item's cache reservation (and
 // the append of its new K/V) happens in queue order, so pipelined steps of one
 // sequence stay exact; in deterministic mode the backend makes every sequence's
-// bits independent of its batch. Only engine workers touch the backend.
+// bits independent of its batch. Only engine workers and the determinism
+// checker's one thread call the backend (both backends allow concurrent calls).
 
 #include <atomic>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "cache_manager.h"
+#include "metrics.h"
 #include "pagoda/backend.h"
 #include "pagoda/status.h"
 
@@ -77,6 +79,16 @@ struct AppendWork {
   std::atomic<bool> cancelled{false};    // as DecodeWork::cancelled
 };
 
+class CacheGauges;
+class DeterminismChecker;
+
+// Where the engine reports; each may be null (then nothing is observed there).
+struct EngineObservers {
+  Metrics* metrics = nullptr;              // stages, batch sizes, bytes read
+  CacheGauges* cache_gauges = nullptr;     // told after each launch and append
+  DeterminismChecker* checker = nullptr;   // handed sampled sequences of each launch
+};
+
 struct EngineOptions {
   int32_t max_batch = 256;               // sequences per launch
   int64_t max_batch_wait_us = 50;
@@ -87,7 +99,8 @@ struct EngineOptions {
 
 class Engine {
  public:
-  Engine(Backend& backend, CacheManager& cache, const EngineOptions& options);
+  Engine(Backend& backend, CacheManager& cache, const EngineOptions& options,
+         const EngineObservers& observers = {});
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   ~Engine();  // stop()
@@ -139,10 +152,14 @@ class Engine {
   Batch take_batch(EngineClock::time_point& wake);
   void run_append(AppendWork& work);
   void run_decode_batch(std::vector<Item>& items);
+  // After a successful launch, before its leases go: metrics and determinism samples.
+  void observe_launch(const std::vector<Item>& items, const DecodeLaunch& launch, const DecodeOutputs& outputs,
+                      double append_seconds);
 
   Backend& backend_;
   CacheManager& cache_;
   const EngineOptions options_;
+  const EngineObservers observers_;
   const int32_t num_layers_;
 
   mutable std::mutex mu_;

@@ -63,8 +63,6 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   spdlog::info("pagoda-server {} starting: {}", PAGODA_VERSION, pagoda::describe(*config));
-  spdlog::info("metrics exposition at {} and determinism sampling (rate {}) are not served by this build",
-               settings.metrics_address, settings.determinism_sample_rate);
   pagoda::StatusOr<std::unique_ptr<pagoda::PagodaServer>> server = pagoda::PagodaServer::start(*config);
   if (!server.ok()) {
     spdlog::critical("pagoda-server: cannot start: {}", server.status().message());
@@ -76,6 +74,12 @@ int main(int argc, char** argv) {
                s.backend().device_name(), g.num_blocks, g.block_size, static_cast<int64_t>(g.num_blocks) * g.block_size,
                pagoda::block_bytes(g) * g.num_blocks >> 20, pagoda::dtype_name(g.dtype));
   spdlog::info("listening on {} (pagoda.v1.DecodeAttention, grpc.health.v1, reflection)", s.address());
+  if (s.metrics_address().empty()) {
+    spdlog::info("metrics: recorded, not served (--metrics-address is empty)");
+  } else {
+    spdlog::info("metrics at http://{}/metrics; determinism checks of {} of decoded sequences", s.metrics_address(),
+                 settings.determinism_sample_rate);
+  }
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

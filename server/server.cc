@@ -9,9 +9,13 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include "cache_gauges.h"
 #include "cache_manager.h"
+#include "determinism_checker.h"
 #include "engine.h"
+#include "metrics.h"
 #include "service.h"
+#include "summary_logger.h"
 
 namespace pagoda {
 namespace {
@@ -37,15 +41,38 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   StatusOr<std::unique_ptr<Backend>> backend = make_backend(options);
   PAGODA_RETURN_IF_ERROR(backend.status());
   s->backend_ = std::move(*backend);
+
+  // After the backend: settings it rejects fail before any port is bound.
+  MetricsOptions metrics;
+  metrics.address = raw.metrics_address;
+  StatusOr<std::unique_ptr<Metrics>> created = Metrics::create(metrics);
+  PAGODA_RETURN_IF_ERROR(created.status());
+  s->metrics_ = std::move(*created);
+  if (s->metrics_->port() > 0) s->metrics_address_ = with_port(raw.metrics_address, s->metrics_->port());
   s->cache_ = std::make_unique<CacheManager>(*s->backend_);
+  s->metrics_->set_build_info({PAGODA_VERSION, s->backend_->name(), s->backend_->device_name()});
+  s->cache_gauges_ = std::make_unique<CacheGauges>(*s->cache_, *s->metrics_);
+  s->cache_gauges_->publish();
+
+  DeterminismCheckerOptions checks;
+  checks.sample_rate = raw.determinism_sample_rate;
+  checks.mode = config.mode;
+  checks.split_tokens = raw.split_tokens;
+  s->checker_ = std::make_unique<DeterminismChecker>(*s->backend_, *s->cache_, *s->metrics_, s->cache_gauges_.get(),
+                                                     checks);
 
   EngineOptions engine;
   engine.max_batch = raw.max_batch;
   engine.max_batch_wait_us = raw.max_batch_wait_us;
   engine.mode = config.mode;
   engine.split_tokens = raw.split_tokens;
-  s->engine_ = std::make_unique<Engine>(*s->backend_, *s->cache_, engine);
-  s->service_ = std::make_unique<DecodeAttentionService>(config, *s->backend_, *s->cache_, *s->engine_);
+  EngineObservers observers;
+  observers.metrics = s->metrics_.get();
+  observers.cache_gauges = s->cache_gauges_.get();
+  observers.checker = s->checker_.get();
+  s->engine_ = std::make_unique<Engine>(*s->backend_, *s->cache_, engine, observers);
+  s->service_ = std::make_unique<DecodeAttentionService>(config, *s->backend_, *s->cache_, *s->engine_,
+                                                         *s->metrics_, *s->cache_gauges_);
 
   // Both process-wide switches must be set before the builder is created.
   grpc::EnableDefaultHealthCheckService(true);
@@ -62,12 +89,16 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->address_ = with_port(raw.listen, s->port_);
+  s->summary_ = std::make_unique<SummaryLogger>(*s->metrics_, s->checker_.get(),
+                                                std::chrono::duration<double>(raw.log_summary_interval));
   return s;
 }
 
 PagodaServer::~PagodaServer() {
   if (server_ && !stopped_) shutdown(0);
+  if (summary_) summary_->stop();
   if (engine_) engine_->stop();
+  if (checker_) checker_->stop();
 }
 
 bool PagodaServer::draining() const { return service_->draining(); }
@@ -98,6 +129,14 @@ void PagodaServer::shutdown(double drain_seconds) {
                     std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
   server_->Wait();
   engine_->stop();
+  summary_->stop();
+  // Checks still queued are dropped: a drain does not wait for re-computations.
+  checker_->stop();
+  if (checker_->enabled()) {
+    const DeterminismChecker::Stats checks = checker_->stats();
+    spdlog::info("shutdown: determinism checks: {} done, {} mismatches, {} skipped (queue full or sequence freed)",
+                 checks.checked, checks.mismatches, checks.skipped);
+  }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("shutdown: done in {:.3f} s", took);
 }

@@ -17,15 +17,20 @@ class Server;
 
 namespace pagoda {
 
+class CacheGauges;
 class CacheManager;
+class DeterminismChecker;
 class Engine;
 class DecodeAttentionService;
+class Metrics;
+class SummaryLogger;
 
 class PagodaServer {
  public:
-  // Builds everything and starts listening on config.raw.listen. Errors: the
-  // backend's (e.g. INVALID_ARGUMENT for an unsupported geometry) or
-  // UNAVAILABLE when the address cannot be bound.
+  // Builds everything and starts listening on config.raw.listen (gRPC) and
+  // config.raw.metrics_address (/metrics, unless empty). Errors: the backend's
+  // (e.g. INVALID_ARGUMENT for an unsupported geometry), INVALID_ARGUMENT for a
+  // malformed metrics address, UNAVAILABLE when an address cannot be bound.
   static StatusOr<std::unique_ptr<PagodaServer>> start(const EffectiveConfig& config);
   ~PagodaServer();  // shutdown() with no drain time if still running
 
@@ -33,6 +38,8 @@ class PagodaServer {
   int port() const { return port_; }
   // host:port with the bound port, e.g. "127.0.0.1:40123".
   const std::string& address() const { return address_; }
+  // host:port /metrics is served on, with the bound port; empty when not served.
+  const std::string& metrics_address() const { return metrics_address_; }
 
   // Graceful stop: health NOT_SERVING, new calls UNAVAILABLE, open streams
   // answer what they read; in-flight calls get up to `drain_seconds` to
@@ -43,19 +50,27 @@ class PagodaServer {
   Backend& backend() { return *backend_; }
   CacheManager& cache() { return *cache_; }
   Engine& engine() { return *engine_; }
+  Metrics& metrics() { return *metrics_; }
+  DeterminismChecker& checker() { return *checker_; }
   const EffectiveConfig& config() const { return config_; }
 
  private:
   PagodaServer() = default;
 
+  // Declared in dependency order: each is destroyed before what it uses.
   EffectiveConfig config_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<CacheManager> cache_;
+  std::unique_ptr<CacheGauges> cache_gauges_;
+  std::unique_ptr<DeterminismChecker> checker_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<DecodeAttentionService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<SummaryLogger> summary_;
   int port_ = 0;
   std::string address_;
+  std::string metrics_address_;
   bool stopped_ = false;
 };
 

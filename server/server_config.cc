@@ -67,6 +67,10 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
     return InvalidArgument("--determinism-sample-rate: expected in [0, 1], received {}",
                            c.determinism_sample_rate);
   }
+  if (!(c.log_summary_interval >= 0) || !std::isfinite(c.log_summary_interval)) {
+    return InvalidArgument("--log-summary-interval: expected a finite number of seconds >= 0 (0 = off), received {}",
+                           c.log_summary_interval);
+  }
   if (!one_of(c.log_level, {"trace", "debug", "info", "warn", "warning", "error", "critical", "off"})) {
     return InvalidArgument("--log-level: expected trace, debug, info, warn, error, critical or off, received '{}'",
                            c.log_level);
@@ -108,11 +112,12 @@ std::string describe(const EffectiveConfig& e) {
   return fmt::format(
       "layers={} q_heads={} kv_heads={} head_dim={} block_size={} num_blocks={} cache_bytes={} "
       "cache_dtype={} split_tokens={} mode={} max_batch={} max_batch_wait_us={} max_message_bytes={} "
-      "threads={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={}",
+      "threads={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={} "
+      "log_summary_interval={}s",
       g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim, g.block_size, g.num_blocks,
       block_bytes(g) * g.num_blocks, dtype_name(g.dtype), c.split_tokens, c.mode, c.max_batch,
       c.max_batch_wait_us, c.max_message_bytes, c.threads, c.backend, c.drain_timeout, c.metrics_address,
-      c.determinism_sample_rate);
+      c.determinism_sample_rate, c.log_summary_interval);
 }
 
 }  // namespace pagoda

@@ -14,7 +14,7 @@ namespace pagoda {
 
 struct ServerConfig {
   std::string listen = "0.0.0.0:50051";           // gRPC address; port 0 picks a free one
-  std::string metrics_address = "0.0.0.0:9464";   // Prometheus exposition address
+  std::string metrics_address = "0.0.0.0:9464";   // Prometheus exposition address; empty: not served
   int32_t layers = 2;
   int32_t q_heads = 8;
   int32_t kv_heads = 2;
@@ -34,6 +34,7 @@ struct ServerConfig {
   double determinism_sample_rate = 0.01;           // fraction of sequences re-checked
   std::string log_level = "info";
   std::string log_format = "text";                 // text or json
+  double log_summary_interval = 60;                // seconds between summary lines; 0 = none
 };
 
 // The settings once checked and derived (dtype parsed, capacity in blocks).

@@ -24,7 +24,7 @@ void add(CLI::App& app, const std::string& flag, T& value, const std::string& he
 
 void add_server_flags(CLI::App& app, ServerConfig& c) {
   add(app, "--listen", c.listen, "gRPC listen address, host:port (port 0 picks a free port)");
-  add(app, "--metrics-address", c.metrics_address, "Prometheus exposition address, host:port");
+  add(app, "--metrics-address", c.metrics_address, "Prometheus exposition address, host:port (port 0 picks a free port; empty: not served)");
   add(app, "--layers", c.layers, "Model layers whose K/V the cache holds");
   add(app, "--q-heads", c.q_heads, "Query heads per token");
   add(app, "--kv-heads", c.kv_heads, "K/V heads per token (q-heads must be a multiple: GQA)");
@@ -46,6 +46,8 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
       "Fraction of decoded sequences re-checked alone for bitwise determinism (0 to 1)");
   add(app, "--log-level", c.log_level, "trace, debug, info, warn, error, critical or off");
   add(app, "--log-format", c.log_format, "text or json (one JSON object a line)");
+  add(app, "--log-summary-interval", c.log_summary_interval,
+      "Seconds between summary log lines (requests, p99, cache usage); 0: none");
 }
 
 }  // namespace pagoda

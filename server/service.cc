@@ -1,6 +1,7 @@
 // Unary handlers of pagoda.v1.DecodeAttention (DecodeStream is in decode_stream.cc).
 #include "service.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "grpc_status.h"
@@ -36,9 +37,10 @@ class DecodeCall final : public grpc::ServerUnaryReactor, public WorkDone {
   void work_done(const Status& status) override {
     if (status.ok()) {
       finish_decode_response(work_, service_.config().mode, micros_since(received_), response_);
+      service_.observe_call(RpcMethod::kDecode, received_, status);
     } else {
-      spdlog::warn("Decode request_id={} layer={} failed: {} {}", request_.request_id(), request_.layer(),
-                   static_cast<int>(status.code()), status.message());
+      service_.observe_call(RpcMethod::kDecode, received_, status,
+                            fmt::format("request_id={} layer={}", request_.request_id(), request_.layer()));
     }
     Finish(to_grpc_status(status));
   }
@@ -61,7 +63,7 @@ class DecodeCall final : public grpc::ServerUnaryReactor, public WorkDone {
 class AppendCall final : public grpc::ServerUnaryReactor, public WorkDone {
  public:
   AppendCall(DecodeAttentionService& service, const v1::AppendKVRequest& request, v1::AppendKVResponse& response)
-      : service_(service), request_(request), response_(response) {
+      : received_(EngineClock::now()), service_(service), request_(request), response_(response) {
     service.call_started();
     const Status status = prepare_append(request, service.config().geometry, work_);
     if (!status.ok()) {
@@ -75,9 +77,10 @@ class AppendCall final : public grpc::ServerUnaryReactor, public WorkDone {
   void work_done(const Status& status) override {
     if (status.ok()) {
       response_.set_layer_length(work_.layer_length);
+      service_.observe_call(RpcMethod::kAppendKV, received_, status);
     } else {
-      spdlog::warn("AppendKV sequence_id={} layer={} failed: {} {}", request_.sequence_id(), request_.layer(),
-                   static_cast<int>(status.code()), status.message());
+      service_.observe_call(RpcMethod::kAppendKV, received_, status,
+                            fmt::format("sequence_id={} layer={}", request_.sequence_id(), request_.layer()));
     }
     Finish(to_grpc_status(status));
   }
@@ -89,6 +92,7 @@ class AppendCall final : public grpc::ServerUnaryReactor, public WorkDone {
   }
 
  private:
+  const EngineClock::time_point received_;
   DecodeAttentionService& service_;
   const v1::AppendKVRequest& request_;
   v1::AppendKVResponse& response_;
@@ -99,21 +103,41 @@ class AppendCall final : public grpc::ServerUnaryReactor, public WorkDone {
 
 Status draining_status() { return Unavailable("server: draining (shutting down); send new calls to another replica"); }
 
-grpc::ServerUnaryReactor* finish_unary(grpc::CallbackServerContext* ctx, const char* method, const Status& status) {
-  if (!status.ok()) spdlog::warn("{} failed: {} {}", method, static_cast<int>(status.code()), status.message());
+void DecodeAttentionService::observe_call(RpcMethod method, EngineClock::time_point received, const Status& status,
+                                          std::string_view what) {
+  const double seconds = std::chrono::duration<double>(EngineClock::now() - received).count();
+  const int code = static_cast<int>(status.code());
+  metrics_.observe_rpc(method, code, seconds);
+  if (status.ok()) return;
+  // The caller's mistakes (and refusals while draining) are warnings; the server's own failures are errors.
+  const bool server_fault = status.code() == StatusCode::kInternal;
+  spdlog::log(server_fault ? spdlog::level::err : spdlog::level::warn, "{} {}{}failed: {} {}", rpc_method_name(method),
+              what, what.empty() ? "" : " ", grpc_code_name(code), status.message());
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::finish_unary(grpc::CallbackServerContext* ctx, RpcMethod method,
+                                                               EngineClock::time_point received, const Status& status,
+                                                               std::string_view what) {
+  observe_call(method, received, status, what);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(to_grpc_status(status));
   return reactor;
 }
 
 DecodeAttentionService::DecodeAttentionService(const EffectiveConfig& config, Backend& backend, CacheManager& cache,
-                                               Engine& engine)
-    : config_(config), backend_(backend), cache_(cache), engine_(engine) {}
+                                               Engine& engine, Metrics& metrics, CacheGauges& cache_gauges)
+    : config_(config),
+      backend_(backend),
+      cache_(cache),
+      engine_(engine),
+      metrics_(metrics),
+      cache_gauges_(cache_gauges) {}
 
 grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServerContext* ctx,
                                                             const v1::GetConfigRequest*,
                                                             v1::GetConfigResponse* r) {
-  if (draining()) return finish_unary(ctx, "GetConfig", draining_status());
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kGetConfig, t0, draining_status());
   const CacheGeometry& g = config_.geometry;
   r->set_num_layers(g.num_layers);
   r->set_num_q_heads(g.num_q_heads);
@@ -131,58 +155,72 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServer
   r->set_max_message_bytes(config_.raw.max_message_bytes);
   r->set_max_batch(config_.raw.max_batch);
   r->set_max_batch_wait_us(config_.raw.max_batch_wait_us);
-  return finish_unary(ctx, "GetConfig", Status::Ok());
+  return finish_unary(ctx, RpcMethod::kGetConfig, t0, Status::Ok());
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::CreateSequence(grpc::CallbackServerContext* ctx,
                                                                  const v1::CreateSequenceRequest* request,
                                                                  v1::CreateSequenceResponse* response) {
-  if (draining()) return finish_unary(ctx, "CreateSequence", draining_status());
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kCreateSequence, t0, draining_status());
   const SequenceId id = cache_.create(request->label());
   response->set_sequence_id(id);
+  cache_gauges_.publish();
   spdlog::debug("CreateSequence sequence_id={} label='{}'", id, request->label());
-  return finish_unary(ctx, "CreateSequence", Status::Ok());
+  return finish_unary(ctx, RpcMethod::kCreateSequence, t0, Status::Ok());
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::AppendKV(grpc::CallbackServerContext* ctx,
                                                            const v1::AppendKVRequest* request,
                                                            v1::AppendKVResponse* response) {
-  if (draining()) return finish_unary(ctx, "AppendKV", draining_status());
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kAppendKV, t0, draining_status());
   return new AppendCall(*this, *request, *response);
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerContext* ctx,
                                                          const v1::DecodeRequest* request,
                                                          v1::DecodeResponse* response) {
-  if (draining()) return finish_unary(ctx, "Decode", draining_status());
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kDecode, t0, draining_status());
   return new DecodeCall(*this, *request, *response);
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::ForkSequence(grpc::CallbackServerContext* ctx,
                                                                const v1::ForkSequenceRequest* request,
                                                                v1::ForkSequenceResponse* response) {
-  if (draining()) return finish_unary(ctx, "ForkSequence", draining_status());
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kForkSequence, t0, draining_status());
   StatusOr<SequenceId> id = cache_.fork(request->source_id());
   if (id.ok()) {
     response->set_sequence_id(*id);
+    cache_gauges_.publish();
     spdlog::debug("ForkSequence source_id={} -> sequence_id={}", request->source_id(), *id);
+    return finish_unary(ctx, RpcMethod::kForkSequence, t0, id.status());
   }
-  return finish_unary(ctx, "ForkSequence", id.status());
+  return finish_unary(ctx, RpcMethod::kForkSequence, t0, id.status(),
+                      fmt::format("source_id={}", request->source_id()));
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::FreeSequence(grpc::CallbackServerContext* ctx,
                                                                const v1::FreeSequenceRequest* request,
                                                                v1::FreeSequenceResponse*) {
-  if (draining()) return finish_unary(ctx, "FreeSequence", draining_status());
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kFreeSequence, t0, draining_status());
   const Status status = cache_.free(request->sequence_id());
-  if (status.ok()) spdlog::debug("FreeSequence sequence_id={}", request->sequence_id());
-  return finish_unary(ctx, "FreeSequence", status);
+  if (!status.ok()) {
+    return finish_unary(ctx, RpcMethod::kFreeSequence, t0, status, fmt::format("sequence_id={}", request->sequence_id()));
+  }
+  cache_gauges_.publish();
+  spdlog::debug("FreeSequence sequence_id={}", request->sequence_id());
+  return finish_unary(ctx, RpcMethod::kFreeSequence, t0, status);
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::GetSequence(grpc::CallbackServerContext* ctx,
                                                               const v1::GetSequenceRequest* request,
                                                               v1::GetSequenceResponse* response) {
-  if (draining()) return finish_unary(ctx, "GetSequence", draining_status());
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kGetSequence, t0, draining_status());
   StatusOr<SequenceInfo> info = cache_.info(request->sequence_id());
   if (info.ok()) {
     response->set_sequence_id(request->sequence_id());
@@ -190,7 +228,11 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetSequence(grpc::CallbackServ
     response->set_blocks_held(info->blocks_held);
     response->set_label(info->label);
   }
-  return finish_unary(ctx, "GetSequence", info.status());
+  if (!info.ok()) {
+    return finish_unary(ctx, RpcMethod::kGetSequence, t0, info.status(),
+                        fmt::format("sequence_id={}", request->sequence_id()));
+  }
+  return finish_unary(ctx, RpcMethod::kGetSequence, t0, info.status());
 }
 
 }  // namespace pagoda

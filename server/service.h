@@ -11,8 +11,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "cache_gauges.h"
 #include "cache_manager.h"
 #include "engine.h"
+#include "metrics.h"
 #include "pagoda/backend.h"
 #include "pagoda/v1/decode_attention.grpc.pb.h"
 #include "server_config.h"
@@ -23,7 +25,8 @@ class DecodeStreamCall;
 
 class DecodeAttentionService final : public v1::DecodeAttention::CallbackService {
  public:
-  DecodeAttentionService(const EffectiveConfig& config, Backend& backend, CacheManager& cache, Engine& engine);
+  DecodeAttentionService(const EffectiveConfig& config, Backend& backend, CacheManager& cache, Engine& engine,
+                         Metrics& metrics, CacheGauges& cache_gauges);
 
   grpc::ServerUnaryReactor* GetConfig(grpc::CallbackServerContext* ctx, const v1::GetConfigRequest* request,
                                       v1::GetConfigResponse* response) override;
@@ -56,6 +59,17 @@ class DecodeAttentionService final : public v1::DecodeAttention::CallbackService
   CacheManager& cache() { return cache_; }
   Engine& engine() { return engine_; }
 
+  // One finished call (a DecodeStream response counts as one): its duration since
+  // `received` by method and code, and an error line when it failed. `what` names
+  // the request (e.g. "request_id=7 layer=0") for the log.
+  void observe_call(RpcMethod method, EngineClock::time_point received, const Status& status,
+                    std::string_view what = {});
+
+  // Answers a call that needs no engine work, observed as above.
+  grpc::ServerUnaryReactor* finish_unary(grpc::CallbackServerContext* ctx, RpcMethod method,
+                                         EngineClock::time_point received, const Status& status,
+                                         std::string_view what = {});
+
  private:
   friend class DecodeStreamCall;
   void register_stream(DecodeStreamCall* call);
@@ -65,14 +79,13 @@ class DecodeAttentionService final : public v1::DecodeAttention::CallbackService
   Backend& backend_;
   CacheManager& cache_;
   Engine& engine_;
+  Metrics& metrics_;
+  CacheGauges& cache_gauges_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_calls_{0};
   std::mutex streams_mu_;
   std::unordered_set<DecodeStreamCall*> streams_;
 };
-
-// Answers a call that fails before any work: logs it with the method name.
-grpc::ServerUnaryReactor* finish_unary(grpc::CallbackServerContext* ctx, const char* method, const Status& status);
 
 // The status every call gets while the server drains.
 Status draining_status();

@@ -11,6 +11,11 @@ namespace pagoda::e2e {
 ServerConfig small_config() {
   ServerConfig c;
   c.listen = "127.0.0.1:0";
+  // No /metrics endpoint (stopping one takes about 2 s); the metrics are still recorded.
+  c.metrics_address = "";
+  // No re-checks: their leases pin blocks for a moment, and tests compare free-block
+  // counts exactly (the observability tests run the checker at rate 1).
+  c.determinism_sample_rate = 0;
   c.layers = 2;
   c.q_heads = 8;
   c.kv_heads = 2;

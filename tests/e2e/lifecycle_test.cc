@@ -220,12 +220,12 @@ int run_binary(const std::string& args) {
 TEST(ServerBinary, InvalidSettingsExitWithCode2) {
   for (const char* args : {"--split-tokens 100", "--q-heads 6 --kv-heads 4", "--num-blocks 0 --cache-bytes 1",
                            "--cache-dtype fp8", "--head-dim 96", "--mode sometimes", "--layers x"}) {
-    EXPECT_EQ(run_binary(std::string("--listen 127.0.0.1:0 --backend cpu ") + args), 2) << args;
+    EXPECT_EQ(run_binary(std::string("--listen 127.0.0.1:0 --metrics-address 127.0.0.1:0 --backend cpu ") + args), 2) << args;
   }
   EXPECT_EQ(run_binary("--help"), 0);
   // The same settings from the environment (PAGODA_ + the flag's name).
   const std::string cmd = std::string("PAGODA_SPLIT_TOKENS=100 ") + PAGODA_SERVER_BINARY +
-                          " --listen 127.0.0.1:0 --backend cpu >/dev/null 2>&1";
+                          " --listen 127.0.0.1:0 --metrics-address 127.0.0.1:0 --backend cpu >/dev/null 2>&1";
   const int status = std::system(cmd.c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2);
 }
@@ -238,7 +238,8 @@ TEST(ServerBinary, ServesThenDrainsOnSigtermAndExitsZero) {
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&actions, out[0]);
   std::string binary = PAGODA_SERVER_BINARY;
-  std::vector<std::string> args{binary, "--listen", "127.0.0.1:0", "--backend", "cpu", "--cache-bytes", "16777216",
+  std::vector<std::string> args{binary, "--listen", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+                                "--backend", "cpu", "--cache-bytes", "16777216",
                                 "--threads", "1", "--log-format", "json"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

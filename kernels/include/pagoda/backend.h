@@ -46,6 +46,9 @@ struct DecodeOutputs {
   double transfer_seconds = 0;   // host<->device copies (0 on the CPU)
 };
 
+// A backend may be called from several threads at once (engine workers and the
+// determinism checker): implementations keep per-call scratch per thread or
+// serialise internally.
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -36,9 +36,11 @@ HD double log2_of(double x) { return ::log2(x); }
 
 // Factor that moves a state with max m_old onto the max m_new >= m_old.
 // An empty state (m_old = -inf) gets 0: this guards 2^(-inf - -inf) = NaN when
-// both sides are empty, and is exact otherwise since 2^-inf = 0.
+// both sides are empty, and is exact otherwise since 2^-inf = 0. An unchanged
+// max (most tiles of a row) gets 1 without an exp2: the same value, 2^0.
 template <typename T>
 HD T rescale_factor(T m_old, T m_new) {
+  if (m_old == m_new) return m_old == neg_inf<T>() ? T(0) : T(1);
   return m_old == neg_inf<T>() ? T(0) : exp2_of(m_old - m_new);
 }
 

@@ -1,7 +1,6 @@
 #include "cache_manager.h"
 
 #include <algorithm>
-#include <unordered_set>
 #include <utility>
 
 namespace pagoda {
@@ -148,14 +147,21 @@ StatusOr<Lease> CacheManager::acquire(int32_t layer, std::span<const SequenceId>
   const int32_t n = rows ? rows->tokens_per_sequence : 0;
   if (n < 0) return InvalidArgument("tokens: expected >= 0, received {}", n);
 
+  // Scratch reused by the calling thread: a warm Decode path allocates only the lease.
+  thread_local std::vector<SequenceId> sorted;
+  thread_local std::vector<Sequence*> seqs;
+  sorted.assign(ids.begin(), ids.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end()) {
+    const size_t i = static_cast<size_t>(std::find(ids.begin(), ids.end(), *dup) - ids.begin());
+    const size_t again = static_cast<size_t>(std::find(ids.begin() + i + 1, ids.end(), *dup) - ids.begin());
+    return InvalidArgument("sequence_ids[{}]: expected each id at most once, received {} again (first at [{}])",
+                           again, *dup, i);
+  }
+
   std::lock_guard lock(mu_);
-  std::vector<Sequence*> seqs;
-  seqs.reserve(ids.size());
-  std::unordered_set<SequenceId> seen;
+  seqs.clear();
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (!seen.insert(ids[i]).second) {
-      return InvalidArgument("sequence_ids[{}]: expected each id at most once, received {} again", i, ids[i]);
-    }
     auto it = sequences_.find(ids[i]);
     if (it == sequences_.end()) return NotFound("sequence_ids[{}]: no sequence {}", i, ids[i]);
     seqs.push_back(&it->second);
@@ -169,16 +175,16 @@ StatusOr<Lease> CacheManager::acquire(int32_t layer, std::span<const SequenceId>
       return ResourceExhausted("cache: expected at most {} free blocks to be needed, request needs {}",
                                free_list_.size(), needed);
     }
-    std::vector<int64_t> slots;
-    slots.reserve(static_cast<size_t>(n) * seqs.size());
+    thread_local std::vector<int64_t> slots;
+    slots.clear();
     for (Sequence* s : seqs) PAGODA_RETURN_IF_ERROR(reserve(*s, layer, n, slots));
     const KvWrite w{layer, static_cast<int32_t>(slots.size()), slots.data(), rows->k, rows->v, rows->dtype};
     PAGODA_RETURN_IF_ERROR(backend_.write_kv(w));
     for (Sequence* s : seqs) s->lengths[layer] += n;
   }
 
-  std::vector<int32_t> lengths;
-  lengths.reserve(seqs.size());
+  thread_local std::vector<int32_t> lengths;
+  lengths.clear();
   for (const Sequence* s : seqs) lengths.push_back(s->lengths[layer]);
   return make_lease(layer, seqs, lengths);
 }

@@ -4,7 +4,7 @@
 #   docker run --gpus all -p 50051:50051 -p 9464:9464 pagoda:0.1.0
 # Settings are the server's flags as PAGODA_* variables (docker run -e PAGODA_KV_HEADS=8 ...)
 # or flags after the image name. The build stage runs the same scripts/install-deps.sh
-# and CMake configuration CI runs; scripts/check-deploy.sh checks the flags used here
+# and `make build` CI runs; scripts/check-deploy.sh checks the flags used here
 # against pagoda-server --help.
 
 # The toolkit CI compiles with (nvcc 13.0.88); -devel to build, -runtime to run.
@@ -17,12 +17,9 @@ WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN bash scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
 COPY . .
-RUN cmake -G Ninja -S . -B build \
-      -DCMAKE_BUILD_TYPE=Release \
-      -DPAGODA_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES="90a;80" \
-      -DPAGODA_BUILD_TESTS=OFF \
- && cmake --build build --target pagoda-server pagoda-cli pagoda-bench \
+# The Makefile's own build target, as `make test` in CI runs it, with CUDA required.
+RUN make build BUILD=build \
+      CMAKE_FLAGS='-DPAGODA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90a;80" -DPAGODA_BUILD_TESTS=OFF' \
  && mkdir -p /out/bin \
  && cp build/server/pagoda-server build/client/pagoda-cli build/client/pagoda-bench /out/bin/ \
  && bash scripts/runtime-packages.sh /out/bin/* > /out/runtime-packages.txt

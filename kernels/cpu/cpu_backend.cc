@@ -98,15 +98,13 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
-  // Runs fn(begin, end) over [0, n): on the pool in pieces of at least `grain`,
-  // or on the calling thread.
+  // Runs fn(begin, end) over [0, n): in pieces of at least `grain` on the pool
+  // when called inside the arena with `parallel`, else on the calling thread.
   template <typename Fn>
-  void run_range(bool parallel, size_t n, size_t grain, const Fn& fn) {
-    if (!parallel || threads_ == 1) return fn(0, n);
-    arena_.execute([&] {
-      tbb::parallel_for(tbb::blocked_range<size_t>(0, n, grain),
-                        [&](const tbb::blocked_range<size_t>& r) { fn(r.begin(), r.end()); });
-    });
+  static void run_range(bool parallel, size_t n, size_t grain, const Fn& fn) {
+    if (!parallel) return fn(0, n);
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, grain),
+                      [&](const tbb::blocked_range<size_t>& r) { fn(r.begin(), r.end()); });
   }
 
   CacheGeometry geometry_;
@@ -231,7 +229,7 @@ Status CpuBackend::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
   const size_t num_items = items.size();
   // Small launches run on the calling thread: waking the pool costs more than
   // their work. Which thread computes an item never changes its bits.
-  const bool parallel = total_tokens * g.num_kv_heads >= kParallelMinTokenHeads;
+  const bool parallel = threads_ > 1 && total_tokens * g.num_kv_heads >= kParallelMinTokenHeads;
   auto partials = [&](size_t begin, size_t end) {
     for (size_t i = begin; i != end; ++i) {
       const WorkItem& it = items_p[i];
@@ -251,8 +249,7 @@ Status CpuBackend::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
       cpu::compute_partial(task);
     }
   };
-  run_range(parallel, num_items, 1, partials);
-  const auto t_merge = Clock::now();
+  Clock::time_point t_merge;
 
   // Merge in chunk order, one (sequence, query head) at a time.
   const int64_t out_row_bytes = d * static_cast<int64_t>(dtype_size(launch.q_dtype));
@@ -277,7 +274,17 @@ Status CpuBackend::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
       if (out.lse) out.lse[row] = natural_lse(s.m, s.l);
     }
   };
-  run_range(parallel, static_cast<size_t>(batch) * g.num_q_heads, 8, merges);
+  // Both phases inside one arena entry: the workers stay between them.
+  auto both = [&] {
+    run_range(parallel, num_items, 1, partials);
+    t_merge = Clock::now();
+    run_range(parallel, static_cast<size_t>(batch) * g.num_q_heads, 8, merges);
+  };
+  if (parallel) {
+    arena_.execute(both);
+  } else {
+    both();
+  }
   out.merge_seconds = seconds_since(t_merge);
   out.attention_seconds = seconds_since(t0);
   out.transfer_seconds = 0;

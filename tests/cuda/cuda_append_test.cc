@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <ostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "pagoda/host_convert.h"
@@ -65,6 +67,13 @@ struct DtypePair {
   DType cache;
   DType input;
 };
+
+std::string to_string(const DtypePair& p) {
+  return "kv" + std::string(dtype_name(p.cache)) + "_in" + std::string(dtype_name(p.input));
+}
+
+// GoogleTest prints a failing case's parameters with this.
+void PrintTo(const DtypePair& p, std::ostream* os) { *os << to_string(p); }
 
 class CudaAppend : public ::testing::TestWithParam<DtypePair> {};
 
@@ -139,10 +148,7 @@ INSTANTIATE_TEST_SUITE_P(
                       DtypePair{DType::kFloat32, DType::kFloat32},
                       DtypePair{DType::kFloat32, DType::kFloat16},
                       DtypePair{DType::kFloat32, DType::kBFloat16}),
-    [](const ::testing::TestParamInfo<DtypePair>& info) {
-      return "kv" + std::string(dtype_name(info.param.cache)) + "_in" +
-             std::string(dtype_name(info.param.input));
-    });
+    [](const ::testing::TestParamInfo<DtypePair>& info) { return to_string(info.param); });
 
 TEST(CudaBlocks, CopyBlockCopiesEveryLayerAndPoisonRestoresNaN) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();

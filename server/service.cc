@@ -14,13 +14,42 @@ double micros_since(EngineClock::time_point t0) {
   return std::chrono::duration<double, std::micro>(EngineClock::now() - t0).count();
 }
 
+// The half every engine-computed unary call shares: the call is counted from
+// construction to OnDone, a cancellation reaches the queued work item, and the
+// finish is observed once (with `what` naming the request when it failed).
+template <typename Work>
+class EngineCall : public grpc::ServerUnaryReactor, public WorkDone {
+ public:
+  void OnCancel() override { work_.cancelled.store(true, std::memory_order_relaxed); }
+  void OnDone() override {
+    service_.call_done();
+    delete this;
+  }
+
+ protected:
+  explicit EngineCall(DecodeAttentionService& service) : service_(service) { service.call_started(); }
+
+  template <typename DescribeRequest>
+  void finish_call(RpcMethod method, const Status& status, DescribeRequest describe) {
+    if (status.ok()) {
+      service_.observe_call(method, received_, status);
+    } else {
+      service_.observe_call(method, received_, status, describe());
+    }
+    Finish(to_grpc_status(status));
+  }
+
+  const EngineClock::time_point received_ = EngineClock::now();
+  DecodeAttentionService& service_;
+  Work work_;
+};
+
 // One unary Decode: validated in the handler, computed by the engine, finished
 // from the engine's thread.
-class DecodeCall final : public grpc::ServerUnaryReactor, public WorkDone {
+class DecodeCall final : public EngineCall<DecodeWork> {
  public:
   DecodeCall(DecodeAttentionService& service, const v1::DecodeRequest& request, v1::DecodeResponse& response)
-      : service_(service), request_(request), response_(response) {
-    service.call_started();
+      : EngineCall(service), request_(request), response_(response) {
     Engine& engine = service.engine();
     engine.note_arriving();
     const Status status = prepare_decode(request, service.config().geometry, service.config().raw.max_batch,
@@ -35,36 +64,22 @@ class DecodeCall final : public grpc::ServerUnaryReactor, public WorkDone {
   }
 
   void work_done(const Status& status) override {
-    if (status.ok()) {
-      finish_decode_response(work_, service_.config().mode, micros_since(received_), response_);
-      service_.observe_call(RpcMethod::kDecode, received_, status);
-    } else {
-      service_.observe_call(RpcMethod::kDecode, received_, status,
-                            fmt::format("request_id={} layer={}", request_.request_id(), request_.layer()));
-    }
-    Finish(to_grpc_status(status));
-  }
-
-  void OnCancel() override { work_.cancelled.store(true, std::memory_order_relaxed); }
-  void OnDone() override {
-    service_.call_done();
-    delete this;
+    if (status.ok()) finish_decode_response(work_, service_.config().mode, micros_since(received_), response_);
+    finish_call(RpcMethod::kDecode, status, [&] {
+      return fmt::format("request_id={} layer={}", request_.request_id(), request_.layer());
+    });
   }
 
  private:
-  const EngineClock::time_point received_ = EngineClock::now();
-  DecodeAttentionService& service_;
   const v1::DecodeRequest& request_;
   v1::DecodeResponse& response_;
-  DecodeWork work_;
 };
 
 // One AppendKV: the write (and any dtype conversion) runs on the engine.
-class AppendCall final : public grpc::ServerUnaryReactor, public WorkDone {
+class AppendCall final : public EngineCall<AppendWork> {
  public:
   AppendCall(DecodeAttentionService& service, const v1::AppendKVRequest& request, v1::AppendKVResponse& response)
-      : received_(EngineClock::now()), service_(service), request_(request), response_(response) {
-    service.call_started();
+      : EngineCall(service), request_(request), response_(response) {
     const Status status = prepare_append(request, service.config().geometry, work_);
     if (!status.ok()) {
       work_done(status);
@@ -75,28 +90,15 @@ class AppendCall final : public grpc::ServerUnaryReactor, public WorkDone {
   }
 
   void work_done(const Status& status) override {
-    if (status.ok()) {
-      response_.set_layer_length(work_.layer_length);
-      service_.observe_call(RpcMethod::kAppendKV, received_, status);
-    } else {
-      service_.observe_call(RpcMethod::kAppendKV, received_, status,
-                            fmt::format("sequence_id={} layer={}", request_.sequence_id(), request_.layer()));
-    }
-    Finish(to_grpc_status(status));
-  }
-
-  void OnCancel() override { work_.cancelled.store(true, std::memory_order_relaxed); }
-  void OnDone() override {
-    service_.call_done();
-    delete this;
+    if (status.ok()) response_.set_layer_length(work_.layer_length);
+    finish_call(RpcMethod::kAppendKV, status, [&] {
+      return fmt::format("sequence_id={} layer={}", request_.sequence_id(), request_.layer());
+    });
   }
 
  private:
-  const EngineClock::time_point received_;
-  DecodeAttentionService& service_;
   const v1::AppendKVRequest& request_;
   v1::AppendKVResponse& response_;
-  AppendWork work_;
 };
 
 }  // namespace

@@ -47,9 +47,9 @@ bench: build
 	$(BUILD)/client/pagoda-bench kernel --batch 8 --context 4096 --q-heads 32 --kv-heads 8 \
 	  --head-dim 128 --dtype fp16 --threads 2
 
-# The engine in one process, without the service.
+# The batching engine in one process, without the gRPC service.
 demo: build
-	$(BUILD)/server/pagoda-demo
+	$(BUILD)/tools/pagoda-demo
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log

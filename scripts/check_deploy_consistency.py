@@ -10,7 +10,7 @@
   failure window too (a draining server answers NOT_SERVING);
 - every alert has a summary and a runbook_url anchor that docs/runbook.md has;
 - every pagoda_* metric the alert rules and the dashboard use is built in
-  server/metrics.cc;
+  server/observability/metrics.cc;
 - the dashboard is valid JSON; its queries are written out as recording rules for
   `promtool check rules` to parse (--dashboard-rules FILE).
 
@@ -196,7 +196,7 @@ def check_alerts():
 
 
 def metric_families():
-    source = (ROOT / "server/metrics.cc").read_text()
+    source = (ROOT / "server/observability/metrics.cc").read_text()
     return set(re.findall(r'"(pagoda_[a-z0-9_]+)"', source))
 
 
@@ -260,7 +260,7 @@ def main():
     rule_text = (ROOT / "deploy/prometheus/rules/pagoda-alerts.yml").read_text()
     for where, text in (("alert rules", rule_text), ("dashboard", "\n".join(queries))):
         for name in sorted(used_metrics(text) - families):
-            fail(f"{where}: {name} is not a metric family built in server/metrics.cc")
+            fail(f"{where}: {name} is not a metric family built in server/observability/metrics.cc")
 
     # Grafana's variables replaced by plain values, each query as a recording rule.
     rules = [{"record": f"pagoda_dashboard:query{i}",

@@ -35,7 +35,9 @@ client::Result<InprocessResult> measure_inprocess(const client::ServerConfig& co
                                    .dtype = config.cache_dtype};
   auto backend = make_backend(options);
   if (!backend.ok()) return from_status(backend.status(), "make_backend");
-  Backend& be = **backend;
+  auto stream = (*backend)->open_stream();
+  if (!stream.ok()) return from_status(stream.status(), "open_stream");
+  BackendStream& be = **stream;
 
   // Fill every sequence's `context` tokens with random K/V, one write per sequence.
   client::RandomTensors rng(11);
@@ -47,7 +49,7 @@ client::Result<InprocessResult> measure_inprocess(const client::ServerConfig& co
       slots[t] = flat_slot(b * per_seq + t / config.block_size, t % config.block_size, config.block_size);
     const KvWrite w{.layer = 0, .num_tokens = shape.context, .slots = slots.data(), .k = k.data(),
                     .v = v.data(), .dtype = DType::kFloat32};
-    if (Status s = be.write_kv(w); !s.ok()) return from_status(s, "write_kv");
+    if (Status s = be.write_kv(std::span<const KvWrite>(&w, 1)); !s.ok()) return from_status(s, "write_kv");
   }
 
   std::vector<int32_t> indptr(shape.batch + 1), ids(static_cast<size_t>(per_seq) * shape.batch),
@@ -80,7 +82,7 @@ client::Result<InprocessResult> measure_inprocess(const client::ServerConfig& co
   InprocessResult r;
   r.context = shape.context;
   r.latency = summarize(latencies);
-  r.device = be.device_name();
+  r.device = (*backend)->device_name();
   const double mean_s = r.latency.mean_us * 1e-6;
   const double kv_bytes = static_cast<double>(shape.batch) * shape.context * 2.0 * config.kv_row() *
                           static_cast<double>(dtype_size(config.cache_dtype));

@@ -74,8 +74,13 @@ int run(const KernelOptions& o) {
     fmt::print(stderr, "pagoda-bench kernel: {}\n", made.status().message());
     return 2;
   }
-  Backend& backend = **made;
-  const CacheGeometry& g = backend.geometry();
+  const CacheGeometry& g = (*made)->geometry();
+  auto opened = (*made)->open_stream();
+  if (!opened.ok()) {
+    fmt::print(stderr, "pagoda-bench kernel: {}\n", opened.status().message());
+    return 1;
+  }
+  BackendStream& backend = **opened;
 
   // Sequence b owns blocks [b * blocks_per_seq, (b + 1) * blocks_per_seq), filled
   // token by token through the backend's own append path.
@@ -97,7 +102,8 @@ int run(const KernelOptions& o) {
             v[t * row + e] = value_at(id + 1);
           }
         }
-        const Status s = backend.write_kv({0, n, slots.data(), k.data(), v.data(), DType::kFloat32});
+        const KvWrite w{0, n, slots.data(), k.data(), v.data(), DType::kFloat32};
+        const Status s = backend.write_kv(std::span<const KvWrite>(&w, 1));
         if (!s.ok()) {
           fmt::print(stderr, "pagoda-bench kernel: append: {}\n", s.message());
           return 1;
@@ -171,7 +177,7 @@ int run(const KernelOptions& o) {
     fmt::print("{{\"benchmark\": \"kernel\", \"backend\": \"{}\", \"device\": \"{}\", \"batch\": {}, \"q_heads\": {}, "
                "\"kv_heads\": {}, \"head_dim\": {}, \"dtype\": \"{}\", \"block_size\": {}, \"split_tokens\": {}, "
                "\"rows\": [",
-               backend.name(), backend.device_name(), o.batch, g.num_q_heads, g.num_kv_heads, g.head_dim,
+               (*made)->name(), (*made)->device_name(), o.batch, g.num_q_heads, g.num_kv_heads, g.head_dim,
                dtype_name(g.dtype), g.block_size, o.split_tokens);
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
@@ -185,7 +191,7 @@ int run(const KernelOptions& o) {
     fmt::print("]}}\n");
     return 0;
   }
-  fmt::print("pagoda-bench kernel: {} on {}\nshape: {}\n\n", backend.name(), backend.device_name(), shape);
+  fmt::print("pagoda-bench kernel: {} on {}\nshape: {}\n\n", (*made)->name(), (*made)->device_name(), shape);
   fmt::print("{:>8} {:>14} {:>7} {:>11} {:>11} {:>13} {:>10} {:>11}\n", "context", "mode", "chunk", "kernel us",
              "K/V GB/s", "baseline GB/s", "fraction", "vs naive");
   for (const Row& r : rows) {

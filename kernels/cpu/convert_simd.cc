@@ -7,6 +7,8 @@
 
 #include <hwy/highway.h>
 
+#include <cstddef>
+
 #include "cpu/convert_simd.h"
 #include "pagoda/host_convert.h"
 
@@ -45,6 +47,31 @@ HWY_EXPORT(FloatToFp16);
 
 void fp16_to_float_n(const uint16_t* src, float* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(Fp16ToFloat)(src, dst, n); }
 void float_to_fp16_n(const float* src, uint16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(FloatToFp16)(src, dst, n); }
+
+void to_float(const void* src, DType from, float* dst, int64_t n) {
+  if (from == DType::kFloat16) return fp16_to_float_n(static_cast<const uint16_t*>(src), dst, n);
+  pagoda::convert_to_float(src, from, dst, n);
+}
+
+void from_float(const float* src, void* dst, DType to, int64_t n) {
+  if (to == DType::kFloat16) return float_to_fp16_n(src, static_cast<uint16_t*>(dst), n);
+  pagoda::convert_from_float(src, dst, to, n);
+}
+
+void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
+  if (from == to || from == DType::kFloat32 || to == DType::kFloat32) {
+    if (from == to) return pagoda::convert(src, from, dst, to, n);
+    if (from == DType::kFloat32) return from_float(static_cast<const float*>(src), dst, to, n);
+    return to_float(src, from, static_cast<float*>(dst), n);
+  }
+  constexpr int64_t kPiece = 256;
+  float tmp[kPiece];
+  for (int64_t i = 0; i < n; i += kPiece) {
+    const int64_t m = n - i < kPiece ? n - i : kPiece;
+    to_float(static_cast<const std::byte*>(src) + i * dtype_size(from), from, tmp, m);
+    from_float(tmp, static_cast<std::byte*>(dst) + i * dtype_size(to), to, m);
+  }
+}
 
 }  // namespace pagoda::cpu
 #endif

@@ -1,12 +1,23 @@
 #pragma once
-// Bulk fp16 <-> fp32 conversion, SIMD with runtime dispatch. Rounds to nearest
-// even, as the scalar conversions in pagoda/host_convert.h do.
+// Bulk conversions for the CPU backend's hot paths (appends, q in, outputs out).
+// fp16 goes through SIMD with runtime dispatch (F16C on x86 when present); the
+// compiler's scalar _Float16 goes through a library call per element, which made
+// appends conversion-bound. Rounding is to nearest even, exactly as the scalar
+// conversions of pagoda/host_convert.h (tests check the two bit for bit).
 
 #include <cstdint>
+
+#include "pagoda/dtype.h"
 
 namespace pagoda::cpu {
 
 void fp16_to_float_n(const uint16_t* src, float* dst, int64_t n);  // [n] -> [n]
 void float_to_fp16_n(const float* src, uint16_t* dst, int64_t n);  // [n] -> [n]
+
+// As pagoda::convert_to_float / convert_from_float / convert, in bulk.
+void to_float(const void* src, DType from, float* dst, int64_t n);
+void from_float(const float* src, void* dst, DType to, int64_t n);
+// Any dtype to any dtype; through a small stack buffer of fp32 where both differ from fp32.
+void convert(const void* src, DType from, void* dst, DType to, int64_t n);
 
 }  // namespace pagoda::cpu

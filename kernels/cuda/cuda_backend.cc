@@ -1,15 +1,17 @@
-// Creation of the CUDA backend and its block-level operations (copy, poison,
-// bandwidth baseline). Decode and append live in cuda_decode.cc.
+// Creation of the CUDA backend and its streams, and the streams' block-level
+// operations (copy, poison, bandwidth baseline). Decode and append live in
+// cuda_decode.cc.
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cassert>
 #include <utility>
 #include <vector>
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_device_backend.h"
 #include "cuda/decode_dispatch.h"
-#include "cuda/decode_validation.h"
+#include "pagoda/geometry_rules.h"
 #include "pagoda/split_plan.h"
 
 namespace pagoda::cuda {
@@ -32,6 +34,10 @@ StatusOr<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
 StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& options) {
   // Shape errors first: they are the caller's, with or without a GPU.
   PAGODA_RETURN_IF_ERROR(validate_geometry(options.geometry));
+  if (options.geometry.num_kv_heads > 65535) {  // the partial kernel's grid.y
+    return InvalidArgument("num_kv_heads: expected at most 65535 on the CUDA backend, received {}",
+                           options.geometry.num_kv_heads);
+  }
   if (options.max_batch <= 0) {
     return InvalidArgument("max_batch: expected > 0, received {}", options.max_batch);
   }
@@ -44,36 +50,25 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions&
     (void)cudaGetLastError();
     return Unavailable("backend 'cuda': expected a usable CUDA device, received {} ({})",
                        err == cudaSuccess ? "no device" : cudaGetErrorName(err),
-                       err == cudaSuccess ? "cudaGetDeviceCount reported 0 devices"
-                                          : cudaGetErrorString(err));
+                       err == cudaSuccess ? "cudaGetDeviceCount reported 0 devices" : cudaGetErrorString(err));
   }
   if (options.cuda_device < 0 || options.cuda_device >= count) {
-    return InvalidArgument("cuda_device: expected 0..{}, received {}", count - 1,
-                           options.cuda_device);
+    return InvalidArgument("cuda_device: expected 0..{}, received {}", count - 1, options.cuda_device);
   }
   std::unique_ptr<CudaBackend> backend(
-      new CudaBackend(options.geometry, options.cuda_device, partial.value()));
-  PAGODA_RETURN_IF_ERROR(backend->init(options.max_batch));
+      new CudaBackend(options.geometry, options.cuda_device, options.max_batch, partial.value()));
+  PAGODA_RETURN_IF_ERROR(backend->init());
   return backend;
 }
 
-CudaBackend::CudaBackend(const CacheGeometry& g, int device, const PartialKernel* partial)
-    : geometry_(g), device_(device), partial_(partial) {}
-
-CudaBackend::~CudaBackend() {
-  (void)cudaSetDevice(device_);
-  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
-  for (cudaEvent_t e : {ev_copy_in_, ev_partial_, ev_merge_, ev_done_, ev_copy_out_}) {
-    if (e != nullptr) (void)cudaEventDestroy(e);
-  }
-  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-}
+CudaBackend::CudaBackend(const CacheGeometry& g, int device, int32_t max_batch, const PartialKernel* partial)
+    : geometry_(g), device_(device), max_batch_(max_batch), partial_(partial) {}
 
 int64_t CudaBackend::pool_bytes() const {
   return geometry_.pool_elements() * static_cast<int64_t>(dtype_size(geometry_.dtype));
 }
 
-Status CudaBackend::init(int32_t max_batch) {
+Status CudaBackend::init() {
   PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   cudaDeviceProp prop{};
   PAGODA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
@@ -81,70 +76,92 @@ Status CudaBackend::init(int32_t max_batch) {
   int ctas_per_sm = 0;
   PAGODA_CUDA_RETURN_IF_ERROR(partial_->ctas_per_sm(&ctas_per_sm));
   num_workers_ = prop.multiProcessorCount * (ctas_per_sm > 0 ? ctas_per_sm : 1);
+  PAGODA_RETURN_IF_ERROR(k_pool_.allocate(static_cast<size_t>(pool_bytes())));
+  PAGODA_RETURN_IF_ERROR(v_pool_.allocate(static_cast<size_t>(pool_bytes())));
+  return Status::Ok();
+}
 
+StatusOr<std::unique_ptr<BackendStream>> CudaBackend::open_stream() {
+  auto stream = CudaStream::create(*this);
+  if (!stream.ok()) return stream.status();
+  return std::unique_ptr<BackendStream>(std::move(stream.value()));
+}
+
+StatusOr<std::unique_ptr<CudaStream>> CudaStream::create(CudaBackend& backend) {
+  std::unique_ptr<CudaStream> s(new CudaStream(backend));
+  PAGODA_RETURN_IF_ERROR(s->init());
+  return s;
+}
+
+Status CudaStream::init() {
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   for (cudaEvent_t* e : {&ev_copy_in_, &ev_partial_, &ev_merge_, &ev_done_, &ev_copy_out_}) {
     PAGODA_CUDA_RETURN_IF_ERROR(cudaEventCreate(e));
   }
-  PAGODA_RETURN_IF_ERROR(k_pool_.allocate(static_cast<size_t>(pool_bytes())));
-  PAGODA_RETURN_IF_ERROR(v_pool_.allocate(static_cast<size_t>(pool_bytes())));
-
   // Workspaces for the largest batch over the whole pool without sharing: at
   // most one work item per kMinFastChunkTokens tokens plus one per sequence.
-  const int64_t context = static_cast<int64_t>(geometry_.num_blocks) * geometry_.block_size;
+  const CacheGeometry& g = backend_.geometry();
+  const int32_t max_batch = backend_.max_batch();
+  const int64_t context = static_cast<int64_t>(g.num_blocks) * g.block_size;
   const int64_t items = max_batch + (context + kMinFastChunkTokens - 1) / kMinFastChunkTokens;
-  const size_t q_bytes = static_cast<size_t>(max_batch) * geometry_.num_q_heads *
-                         geometry_.head_dim * sizeof(float);
-  PAGODA_RETURN_IF_ERROR(
-      reserve_decode(max_batch, geometry_.num_blocks + int64_t{max_batch}, items, q_bytes));
+  const size_t q_bytes = static_cast<size_t>(max_batch) * g.num_q_heads * g.head_dim * sizeof(float);
+  PAGODA_RETURN_IF_ERROR(reserve_decode(max_batch, g.num_blocks + int64_t{max_batch}, items, q_bytes));
   // One new token per sequence per step, in fp32 at most.
-  PAGODA_RETURN_IF_ERROR(reserve_append(
-      max_batch, static_cast<size_t>(geometry_.num_kv_heads) * geometry_.head_dim * sizeof(float)));
+  const size_t row_bytes = static_cast<size_t>(g.num_kv_heads) * g.head_dim * sizeof(float);
+  PAGODA_RETURN_IF_ERROR(reserve_append(align_up(static_cast<size_t>(max_batch) * sizeof(int64_t)) +
+                                        2 * align_up(static_cast<size_t>(max_batch) * row_bytes)));
   return Status::Ok();
 }
 
-Status CudaBackend::copy_block(int32_t src, int32_t dst) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const int32_t ids[2] = {src, dst};
-  PAGODA_RETURN_IF_ERROR(validate_blocks(geometry_, ids, 2, "copy_block"));
+CudaStream::~CudaStream() {
+  (void)cudaSetDevice(backend_.device());
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  for (cudaEvent_t e : {ev_copy_in_, ev_partial_, ev_merge_, ev_done_, ev_copy_out_}) {
+    if (e != nullptr) (void)cudaEventDestroy(e);
+  }
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+Status CudaStream::copy_block(int32_t src, int32_t dst) {
+  const CacheGeometry& g = backend_.geometry();
+  assert(src >= 0 && src < g.num_blocks && dst >= 0 && dst < g.num_blocks);
   if (src == dst) return Status::Ok();
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  const size_t elem = dtype_size(geometry_.dtype);
-  const size_t block_bytes = static_cast<size_t>(geometry_.block_stride()) * elem;
-  for (DeviceBuffer* pool : {&k_pool_, &v_pool_}) {
-    auto* base = static_cast<unsigned char*>(pool->data());
-    for (int32_t layer = 0; layer < geometry_.num_layers; ++layer) {
-      const size_t from = static_cast<size_t>(geometry_.element_offset(layer, src, 0, 0)) * elem;
-      const size_t to = static_cast<size_t>(geometry_.element_offset(layer, dst, 0, 0)) * elem;
-      PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base + to, base + from, block_bytes,
-                                                  cudaMemcpyDeviceToDevice, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
+  const size_t elem = dtype_size(g.dtype);
+  const size_t block_bytes = static_cast<size_t>(g.block_stride()) * elem;
+  for (void* pool : {backend_.k_pool(), backend_.v_pool()}) {
+    auto* base = static_cast<unsigned char*>(pool);
+    for (int32_t layer = 0; layer < g.num_layers; ++layer) {
+      const size_t from = static_cast<size_t>(g.element_offset(layer, src, 0, 0)) * elem;
+      const size_t to = static_cast<size_t>(g.element_offset(layer, dst, 0, 0)) * elem;
+      PAGODA_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(base + to, base + from, block_bytes, cudaMemcpyDeviceToDevice, stream_));
     }
   }
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return Status::Ok();
 }
 
-Status CudaBackend::poison_blocks(const int32_t* blocks, int32_t count) {
-  std::lock_guard<std::mutex> lock(mu_);
-  PAGODA_RETURN_IF_ERROR(validate_blocks(geometry_, blocks, count, "poison_blocks"));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+Status CudaStream::poison_blocks(std::span<const int32_t> blocks) {
+  const CacheGeometry& g = backend_.geometry();
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
   // Runs of consecutive ids become one memset per layer (tests poison whole pools).
-  std::vector<int32_t> ids(blocks, blocks + count);
+  std::vector<int32_t> ids(blocks.begin(), blocks.end());
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  const size_t elem = dtype_size(geometry_.dtype);
-  const size_t block_bytes = static_cast<size_t>(geometry_.block_stride()) * elem;
+  assert(ids.empty() || (ids.front() >= 0 && ids.back() < g.num_blocks));
+  const size_t elem = dtype_size(g.dtype);
+  const size_t block_bytes = static_cast<size_t>(g.block_stride()) * elem;
   for (size_t first = 0; first < ids.size();) {
     size_t last = first + 1;
     while (last < ids.size() && ids[last] == ids[last - 1] + 1) ++last;
-    for (DeviceBuffer* pool : {&k_pool_, &v_pool_}) {
-      auto* base = static_cast<unsigned char*>(pool->data());
-      for (int32_t layer = 0; layer < geometry_.num_layers; ++layer) {
-        const size_t at =
-            static_cast<size_t>(geometry_.element_offset(layer, ids[first], 0, 0)) * elem;
+    for (void* pool : {backend_.k_pool(), backend_.v_pool()}) {
+      auto* base = static_cast<unsigned char*>(pool);
+      for (int32_t layer = 0; layer < g.num_layers; ++layer) {
+        const size_t at = static_cast<size_t>(g.element_offset(layer, ids[first], 0, 0)) * elem;
         // All-ones bytes are a NaN in fp32, fp16 and bf16 alike.
-        PAGODA_CUDA_RETURN_IF_ERROR(
-            cudaMemsetAsync(base + at, 0xFF, block_bytes * (last - first), stream_));
+        PAGODA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(base + at, 0xFF, block_bytes * (last - first), stream_));
       }
     }
     first = last;
@@ -153,10 +170,9 @@ Status CudaBackend::poison_blocks(const int32_t* blocks, int32_t count) {
   return Status::Ok();
 }
 
-StatusOr<double> CudaBackend::measure_memory_bandwidth(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+StatusOr<double> CudaStream::measure_memory_bandwidth(int64_t bytes) {
   if (bytes <= 0) return InvalidArgument("bytes: expected > 0, received {}", bytes);
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
   DeviceBuffer src;
   DeviceBuffer dst;
   PAGODA_RETURN_IF_ERROR(src.allocate(static_cast<size_t>(bytes)));
@@ -166,8 +182,7 @@ StatusOr<double> CudaBackend::measure_memory_bandwidth(int64_t bytes) {
   float best_ms = 0.f;
   for (int rep = -1; rep < kReps; ++rep) {  // rep -1 warms up
     PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_copy_in_, stream_));
-    PAGODA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream_));
     PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_done_, stream_));
     PAGODA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev_done_));
     float ms = 0.f;
@@ -175,18 +190,34 @@ StatusOr<double> CudaBackend::measure_memory_bandwidth(int64_t bytes) {
     if (rep >= 0 && (best_ms == 0.f || ms < best_ms)) best_ms = ms;
   }
   if (best_ms <= 0.f) return Internal("measure_memory_bandwidth: copy time was {} ms", best_ms);
+  // The figure is only worth something if the copy happened: three windows of
+  // the destination must hold the source's bytes.
+  const size_t total = static_cast<size_t>(bytes);
+  const size_t window = std::min<size_t>(total, size_t{1} << 20);
+  std::vector<unsigned char> seen(window);
+  for (size_t at : {size_t{0}, (total - window) / 2, total - window}) {
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(seen.data(), static_cast<unsigned char*>(dst.data()) + at, window,
+                                                cudaMemcpyDeviceToHost, stream_));
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < window; ++i) {
+      if (seen[i] != 0x3C) {
+        return Internal("measure_memory_bandwidth: destination byte {}: expected 0x3c after the copy, received {:#x}",
+                        at + i, seen[i]);
+      }
+    }
+  }
   // A copy reads and writes every byte.
   return 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
 }
 
-Status CudaBackend::read_pools(std::vector<unsigned char>* k, std::vector<unsigned char>* v) {
-  std::lock_guard<std::mutex> lock(mu_);
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  const size_t bytes = static_cast<size_t>(pool_bytes());
+Status CudaStream::read_pools(std::vector<unsigned char>* k, std::vector<unsigned char>* v) {
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
+  const size_t bytes = static_cast<size_t>(backend_.pool_bytes());
   k->resize(bytes);
   v->resize(bytes);
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(k->data(), k_pool_.data(), bytes, cudaMemcpyDeviceToHost));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy(v->data(), v_pool_.data(), bytes, cudaMemcpyDeviceToHost));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k->data(), backend_.k_pool(), bytes, cudaMemcpyDeviceToHost, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v->data(), backend_.v_pool(), bytes, cudaMemcpyDeviceToHost, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return Status::Ok();
 }
 

@@ -1,12 +1,15 @@
-// The CUDA backend's request paths: write_kv (stage, copy in, append kernel) and
-// decode (stage, copy in, partial + merge kernels, copy out). Inputs and outputs
-// travel through pinned staging buffers, each direction packed into one copy.
+// A CUDA stream's request paths: write_kv (stage, one copy in, append kernels)
+// and decode (stage, copy in, partial + merge kernels, copy out). Inputs and
+// outputs travel through the stream's pinned staging buffers, each direction
+// packed into one copy. Inputs come validated from the cache manager and the
+// rpc layer; debug builds assert what the kernels rely on.
+#include <cassert>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_device_backend.h"
-#include "cuda/decode_validation.h"
 #include "cuda/work_list.h"
 #include "pagoda/softmax_state.h"
 
@@ -80,89 +83,91 @@ double elapsed_seconds(cudaEvent_t from, cudaEvent_t to, Status* status) {
 
 }  // namespace
 
-Status CudaBackend::reserve_decode(int32_t batch, int64_t block_ids, int64_t items,
-                                   size_t q_bytes) {
+Status CudaStream::reserve_decode(int32_t batch, int64_t block_ids, int64_t items, size_t q_bytes) {
   const InputLayout in(batch, block_ids, items, q_bytes);
   PAGODA_RETURN_IF_ERROR(staging_in_.reserve(in.total));
   PAGODA_RETURN_IF_ERROR(device_in_.reserve(in.total));
-  PAGODA_RETURN_IF_ERROR(partials_.reserve(PartialLayout(items, geometry_).total));
-  const OutputLayout out(batch, geometry_, sizeof(float));
+  PAGODA_RETURN_IF_ERROR(partials_.reserve(PartialLayout(items, backend_.geometry()).total));
+  const OutputLayout out(batch, backend_.geometry(), sizeof(float));
   PAGODA_RETURN_IF_ERROR(device_out_.reserve(out.total));
   PAGODA_RETURN_IF_ERROR(staging_out_.reserve(out.total));
   return Status::Ok();
 }
 
-Status CudaBackend::reserve_append(int64_t tokens, size_t row_bytes) {
-  const size_t bytes = align_up(static_cast<size_t>(tokens) * sizeof(int64_t)) +
-                       2 * align_up(static_cast<size_t>(tokens) * row_bytes);
+Status CudaStream::reserve_append(size_t bytes) {
   PAGODA_RETURN_IF_ERROR(append_staging_.reserve(bytes));
   PAGODA_RETURN_IF_ERROR(append_device_.reserve(bytes));
   return Status::Ok();
 }
 
-Status CudaBackend::write_kv(const KvWrite& w) {
-  std::lock_guard<std::mutex> lock(mu_);
-  PAGODA_RETURN_IF_ERROR(validate_kv_write(geometry_, w));
-  if (w.num_tokens == 0) return Status::Ok();
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-
-  const size_t row_bytes =
-      static_cast<size_t>(geometry_.num_kv_heads) * geometry_.head_dim * dtype_size(w.dtype);
-  PAGODA_RETURN_IF_ERROR(reserve_append(w.num_tokens, row_bytes));
-  const size_t slots_off = 0;
-  const size_t k_off = align_up(static_cast<size_t>(w.num_tokens) * sizeof(int64_t));
-  const size_t kv_bytes = static_cast<size_t>(w.num_tokens) * row_bytes;
-  const size_t v_off = k_off + align_up(kv_bytes);
-  const size_t total = v_off + kv_bytes;
-
+Status CudaStream::write_kv(std::span<const KvWrite> writes) {
+  const CacheGeometry& g = backend_.geometry();
+  // Every write's slots, k and v packed into one staging buffer: one copy in.
+  size_t total = 0;
+  for (const KvWrite& w : writes) {
+    assert(w.layer >= 0 && w.layer < g.num_layers && known_dtype(w.dtype));
+    const size_t kv_bytes = static_cast<size_t>(w.num_tokens) * g.num_kv_heads * g.head_dim * dtype_size(w.dtype);
+    total += align_up(static_cast<size_t>(w.num_tokens) * sizeof(int64_t)) + 2 * align_up(kv_bytes);
+  }
+  if (total == 0) return Status::Ok();
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
+  PAGODA_RETURN_IF_ERROR(reserve_append(total));
   unsigned char* host = append_staging_.data();
-  std::memcpy(host + slots_off, w.slots, w.num_tokens * sizeof(int64_t));
-  std::memcpy(host + k_off, w.k, kv_bytes);
-  std::memcpy(host + v_off, w.v, kv_bytes);
+  size_t offset = 0;
+  for (const KvWrite& w : writes) {
+    const size_t kv_bytes = static_cast<size_t>(w.num_tokens) * g.num_kv_heads * g.head_dim * dtype_size(w.dtype);
+    std::memcpy(host + offset, w.slots, w.num_tokens * sizeof(int64_t));
+    offset += align_up(static_cast<size_t>(w.num_tokens) * sizeof(int64_t));
+    std::memcpy(host + offset, w.k, kv_bytes);
+    offset += align_up(kv_bytes);
+    std::memcpy(host + offset, w.v, kv_bytes);
+    offset += align_up(kv_bytes);
+  }
   void* dev = append_device_.data();
-  PAGODA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(dev, host, total, cudaMemcpyHostToDevice, stream_));
-
-  AppendParams p;
-  p.geometry = geometry_;
-  p.k_pool = k_pool_.data();
-  p.v_pool = v_pool_.data();
-  p.layer = w.layer;
-  p.num_tokens = w.num_tokens;
-  p.slots = at<const int64_t>(dev, slots_off);
-  p.k = at<const void>(dev, k_off);
-  p.v = at<const void>(dev, v_off);
-  p.in_dtype = w.dtype;
-  PAGODA_CUDA_RETURN_IF_ERROR(launch_append(p, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host, total, cudaMemcpyHostToDevice, stream_));
+  offset = 0;
+  for (const KvWrite& w : writes) {
+    const size_t kv_bytes = static_cast<size_t>(w.num_tokens) * g.num_kv_heads * g.head_dim * dtype_size(w.dtype);
+    AppendParams p;
+    p.geometry = g;
+    p.k_pool = backend_.k_pool();
+    p.v_pool = backend_.v_pool();
+    p.layer = w.layer;
+    p.num_tokens = w.num_tokens;
+    p.slots = at<const int64_t>(dev, offset);
+    offset += align_up(static_cast<size_t>(w.num_tokens) * sizeof(int64_t));
+    p.k = at<const void>(dev, offset);
+    offset += align_up(kv_bytes);
+    p.v = at<const void>(dev, offset);
+    offset += align_up(kv_bytes);
+    p.in_dtype = w.dtype;
+    PAGODA_CUDA_RETURN_IF_ERROR(launch_append(p, stream_));
+  }
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return Status::Ok();
 }
 
-Status CudaBackend::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
-  std::lock_guard<std::mutex> lock(mu_);
-  PAGODA_RETURN_IF_ERROR(validate_decode(geometry_, launch));
+Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
+  const CacheGeometry& g = backend_.geometry();
   const BatchBlockTables& t = launch.tables;
   const int32_t batch = t.batch;
-  const int32_t chunk = launch_chunk_tokens(launch, geometry_, num_workers_);
+  assert(launch.layer >= 0 && launch.layer < g.num_layers);
+  assert(std::isfinite(launch.scale) && launch.scale > 0.f && launch.split_tokens > 0);
+  assert(batch == 0 || (launch.q != nullptr && outputs.out != nullptr));
+  const int32_t chunk = launch_chunk_tokens(launch, g, backend_.num_workers());
   outputs.chunk_tokens = chunk;
   outputs.attention_seconds = outputs.merge_seconds = outputs.transfer_seconds = 0;
   const int64_t items = count_work_items(t.lengths, batch, chunk);
   if (items > std::numeric_limits<int32_t>::max()) {
-    return InvalidArgument("split_tokens: expected a chunk length giving < 2^31 work items, "
-                           "received {} ({} items)",
+    return InvalidArgument("split_tokens: expected a chunk length giving < 2^31 work items, received {} ({} items)",
                            chunk, items);
   }
   if (outputs.splits != nullptr) {
     for (int32_t b = 0; b < batch; ++b) outputs.splits[b] = num_chunks(t.lengths[b], chunk);
   }
   if (batch == 0) return Status::Ok();
-  if (outputs.out == nullptr) {
-    return InvalidArgument("out: expected a buffer of [{}, {}, {}], received a null pointer",
-                           batch, geometry_.num_q_heads, geometry_.head_dim);
-  }
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
 
-  const CacheGeometry& g = geometry_;
   const size_t q_elem = dtype_size(launch.q_dtype);
   const size_t q_bytes = static_cast<size_t>(batch) * g.num_q_heads * g.head_dim * q_elem;
   const int64_t ids_count = t.block_indptr[batch];
@@ -175,22 +180,19 @@ Status CudaBackend::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   unsigned char* host = staging_in_.data();
   std::memcpy(host + in.q, launch.q, q_bytes);
   std::memcpy(host + in.block_indptr, t.block_indptr, (batch + 1) * sizeof(int32_t));
-  if (ids_count > 0) {
-    std::memcpy(host + in.block_ids, t.block_ids, ids_count * sizeof(int32_t));
-  }
+  if (ids_count > 0) std::memcpy(host + in.block_ids, t.block_ids, ids_count * sizeof(int32_t));
   std::memcpy(host + in.lengths, t.lengths, batch * sizeof(int32_t));
-  fill_work_list(t.lengths, batch, chunk, at<int32_t>(host, in.item_seq),
-                 at<int32_t>(host, in.item_chunk), at<int32_t>(host, in.item_indptr));
+  fill_work_list(t.lengths, batch, chunk, at<int32_t>(host, in.item_seq), at<int32_t>(host, in.item_chunk),
+                 at<int32_t>(host, in.item_indptr));
 
   void* dev = device_in_.data();
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_copy_in_, stream_));
-  PAGODA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(dev, host, in.total, cudaMemcpyHostToDevice, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host, in.total, cudaMemcpyHostToDevice, stream_));
 
   PartialParams p;
   p.geometry = g;
-  p.k_pool = k_pool_.data();
-  p.v_pool = v_pool_.data();
+  p.k_pool = backend_.k_pool();
+  p.v_pool = backend_.v_pool();
   p.layer = launch.layer;
   p.tables.batch = batch;
   p.tables.block_indptr = at<const int32_t>(dev, in.block_indptr);
@@ -220,25 +222,23 @@ Status CudaBackend::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   m.lse = at<float>(device_out_.data(), out.lse);
 
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_partial_, stream_));
-  PAGODA_CUDA_RETURN_IF_ERROR(partial_->launch(p, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(backend_.partial_kernel().launch(p, stream_));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_merge_, stream_));
   PAGODA_CUDA_RETURN_IF_ERROR(launch_merge(m, stream_));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_done_, stream_));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_out_.data(), device_out_.data(), out.total,
-                                              cudaMemcpyDeviceToHost, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(staging_out_.data(), device_out_.data(), out.total, cudaMemcpyDeviceToHost, stream_));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_copy_out_, stream_));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
 
   const size_t rows = static_cast<size_t>(batch) * g.num_q_heads;
   std::memcpy(outputs.out, staging_out_.data() + out.out, rows * g.head_dim * q_elem);
-  if (outputs.lse != nullptr) {
-    std::memcpy(outputs.lse, staging_out_.data() + out.lse, rows * sizeof(float));
-  }
+  if (outputs.lse != nullptr) std::memcpy(outputs.lse, staging_out_.data() + out.lse, rows * sizeof(float));
   Status status;
   outputs.attention_seconds = elapsed_seconds(ev_partial_, ev_done_, &status);
   outputs.merge_seconds = elapsed_seconds(ev_merge_, ev_done_, &status);
-  outputs.transfer_seconds = elapsed_seconds(ev_copy_in_, ev_partial_, &status) +
-                             elapsed_seconds(ev_done_, ev_copy_out_, &status);
+  outputs.transfer_seconds =
+      elapsed_seconds(ev_copy_in_, ev_partial_, &status) + elapsed_seconds(ev_done_, ev_copy_out_, &status);
   return status;
 }
 

@@ -32,9 +32,17 @@ struct Pools {
   std::vector<unsigned char> v;
 };
 
-Pools read(Backend& b) {
+// A CUDA backend whose every block is NaN, with one stream.
+struct Device {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<BackendStream> stream;
+  explicit operator bool() const { return stream != nullptr; }
+  BackendStream* operator->() { return stream.get(); }
+};
+
+Pools read(Device& d) {
   Pools p;
-  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&b);
+  auto* cuda = dynamic_cast<cuda::CudaStream*>(d.stream.get());
   EXPECT_NE(cuda, nullptr);
   if (cuda == nullptr) return p;
   const Status s = cuda->read_pools(&p.k, &p.v);
@@ -49,19 +57,24 @@ bool all_ones(const unsigned char* bytes, size_t n) {
   return true;
 }
 
-std::unique_ptr<Backend> poisoned_backend(const CacheGeometry& g) {
+Device poisoned_backend(const CacheGeometry& g) {
   BackendOptions o;
   o.kind = "cuda";
   o.geometry = g;
   o.max_batch = 4;
   auto b = make_backend(o);
   EXPECT_TRUE(b.ok()) << b.status().message();
-  if (!b.ok()) return nullptr;
+  if (!b.ok()) return {};
+  auto stream = b.value()->open_stream();
+  EXPECT_TRUE(stream.ok()) << stream.status().message();
+  if (!stream.ok()) return {};
   std::vector<int32_t> all(g.num_blocks);
   for (int32_t i = 0; i < g.num_blocks; ++i) all[i] = i;
-  EXPECT_TRUE(b.value()->poison_blocks(all.data(), g.num_blocks).ok());
-  return std::move(b.value());
+  EXPECT_TRUE(stream.value()->poison_blocks(all).ok());
+  return {std::move(b.value()), std::move(stream.value())};
 }
+
+Status write_one(Device& d, const KvWrite& w) { return d->write_kv(std::span<const KvWrite>(&w, 1)); }
 
 struct DtypePair {
   DType cache;
@@ -81,8 +94,8 @@ TEST_P(CudaAppend, WritesConvertedRowsIntoTheirSlotsAndNothingElse) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
   const CacheGeometry g = geometry(GetParam().cache);
   const DType in = GetParam().input;
-  auto backend = poisoned_backend(g);
-  ASSERT_NE(backend, nullptr);
+  Device backend = poisoned_backend(g);
+  ASSERT_TRUE(backend);
 
   // Five tokens into scattered slots of layer 1, random full-mantissa values.
   const std::vector<int64_t> slots = {0, 4, 5, 13, 23};
@@ -105,7 +118,7 @@ TEST_P(CudaAppend, WritesConvertedRowsIntoTheirSlotsAndNothingElse) {
   w.k = k_in.data();
   w.v = v_in.data();
   w.dtype = in;
-  const Status s = backend->write_kv(w);
+  const Status s = write_one(backend, w);
   ASSERT_TRUE(s.ok()) << s.message();
 
   // Expected bytes: the host's conversion input -> cache dtype.
@@ -114,7 +127,7 @@ TEST_P(CudaAppend, WritesConvertedRowsIntoTheirSlotsAndNothingElse) {
   convert(k_in.data(), in, k_want.data(), g.dtype, static_cast<int64_t>(n));
   convert(v_in.data(), in, v_want.data(), g.dtype, static_cast<int64_t>(n));
 
-  const Pools got = read(*backend);
+  const Pools got = read(backend);
   ASSERT_EQ(got.k.size(), static_cast<size_t>(g.pool_elements()) * elem);
   std::vector<bool> written(g.pool_elements(), false);
   for (size_t t = 0; t < slots.size(); ++t) {
@@ -153,8 +166,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(CudaBlocks, CopyBlockCopiesEveryLayerAndPoisonRestoresNaN) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
   const CacheGeometry g = geometry(DType::kBFloat16);
-  auto backend = poisoned_backend(g);
-  ASSERT_NE(backend, nullptr);
+  Device backend = poisoned_backend(g);
+  ASSERT_TRUE(backend);
   const int32_t row = g.num_kv_heads * g.head_dim;
   std::vector<float> rows(static_cast<size_t>(g.block_size) * row);
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i % 97) * 0.25f;
@@ -166,12 +179,12 @@ TEST(CudaBlocks, CopyBlockCopiesEveryLayerAndPoisonRestoresNaN) {
     w.slots = slots.data();
     w.k = rows.data();
     w.v = rows.data();
-    ASSERT_TRUE(backend->write_kv(w).ok());
+    ASSERT_TRUE(write_one(backend, w).ok());
   }
   ASSERT_TRUE(backend->copy_block(2, 5).ok());
   const size_t elem = dtype_size(g.dtype);
   const size_t block_bytes = static_cast<size_t>(g.block_stride()) * elem;
-  Pools p = read(*backend);
+  Pools p = read(backend);
   for (int32_t layer = 0; layer < g.num_layers; ++layer) {
     const size_t src = g.element_offset(layer, 2, 0, 0) * elem;
     const size_t dst = g.element_offset(layer, 5, 0, 0) * elem;
@@ -180,9 +193,9 @@ TEST(CudaBlocks, CopyBlockCopiesEveryLayerAndPoisonRestoresNaN) {
     EXPECT_FALSE(all_ones(p.k.data() + dst, block_bytes));
     EXPECT_TRUE(all_ones(p.k.data() + g.element_offset(layer, 4, 0, 0) * elem, block_bytes));
   }
-  const int32_t five = 5;
-  ASSERT_TRUE(backend->poison_blocks(&five, 1).ok());
-  p = read(*backend);
+  const int32_t five[] = {5};
+  ASSERT_TRUE(backend->poison_blocks(five).ok());
+  p = read(backend);
   for (int32_t layer = 0; layer < g.num_layers; ++layer) {
     EXPECT_TRUE(all_ones(p.k.data() + g.element_offset(layer, 5, 0, 0) * elem, block_bytes));
     EXPECT_TRUE(all_ones(p.v.data() + g.element_offset(layer, 5, 0, 0) * elem, block_bytes));
@@ -190,37 +203,17 @@ TEST(CudaBlocks, CopyBlockCopiesEveryLayerAndPoisonRestoresNaN) {
   }
 }
 
-TEST(CudaBlocks, BadRequestsAreRefusedAndChangeNothing) {
+// The bandwidth baseline times a real copy: it checks what the copy wrote
+// (INTERNAL otherwise) and reports a figure an HBM can give.
+TEST(CudaBlocks, CopyBandwidthBaselineCopiesAndIsPlausible) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
-  const CacheGeometry g = geometry(DType::kFloat16);
-  auto backend = poisoned_backend(g);
-  ASSERT_NE(backend, nullptr);
-  const Pools before = read(*backend);
-  const std::vector<int64_t> slots = {0, 24};  // 8 blocks x 3 slots: 24 is past the pool
-  const std::vector<float> rows(2 * g.num_kv_heads * g.head_dim, 1.f);
-  KvWrite w;
-  w.layer = 0;
-  w.num_tokens = 2;
-  w.slots = slots.data();
-  w.k = rows.data();
-  w.v = rows.data();
-  EXPECT_EQ(backend->write_kv(w).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(backend->copy_block(0, 8).code(), StatusCode::kInvalidArgument);
-  const int32_t bad = -1;
-  EXPECT_EQ(backend->poison_blocks(&bad, 1).code(), StatusCode::kInvalidArgument);
-  const Pools after = read(*backend);
-  EXPECT_EQ(before.k, after.k);
-  EXPECT_EQ(before.v, after.v);
-}
-
-TEST(CudaBlocks, CopyBandwidthIsPositive) {
-  PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
-  auto backend = poisoned_backend(geometry(DType::kFloat16));
-  ASSERT_NE(backend, nullptr);
+  Device backend = poisoned_backend(geometry(DType::kFloat16));
+  ASSERT_TRUE(backend);
   auto bw = backend->measure_memory_bandwidth(64 << 20);
   ASSERT_TRUE(bw.ok()) << bw.status().message();
-  EXPECT_GT(bw.value(), 1e9);
-  EXPECT_FALSE(backend->measure_memory_bandwidth(0).ok());
+  EXPECT_GT(bw.value(), 1e10);  // any datacenter GPU copies > 10 GB/s
+  EXPECT_LT(bw.value(), 2e13);  // and < 20 TB/s: more means the timing is broken
+  EXPECT_EQ(backend->measure_memory_bandwidth(0).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -66,8 +66,8 @@ TEST_P(CudaDecode, MatchesReferenceAndCpuBackend) {
   const Decoded cpu = f.decode(1, kLayer, seqs, q, scale, SplitMode::kDeterministic, kSplitTokens);
   std::vector<double> cpu_out(cpu.out.begin(), cpu.out.end());
   const ErrorStats e = compare(cpu_out, det.out);
-  EXPECT_LE(e.max_abs, bounds_for(c.q).max_abs) << "CUDA vs CPU";
-  EXPECT_LE(e.nmse, bounds_for(c.q).nmse) << "CUDA vs CPU";
+  EXPECT_LE(e.max_abs, between_backends(c.q).max_abs) << "CUDA vs CPU";
+  EXPECT_LE(e.nmse, between_backends(c.q).nmse) << "CUDA vs CPU";
   EXPECT_EQ(cpu.splits, det.splits);
 }
 

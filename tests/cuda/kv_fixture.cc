@@ -48,13 +48,19 @@ KvFixture::KvFixture(const CacheGeometry& g, const std::vector<std::string>& kin
       status_ = b.status();
       return;
     }
+    auto stream = b.value()->open_stream();
+    if (!stream.ok()) {
+      status_ = stream.status();
+      return;
+    }
     backends_.push_back(std::move(b.value()));
+    streams_.push_back(std::move(stream.value()));
   }
   free_blocks_.resize(g.num_blocks);
   std::iota(free_blocks_.begin(), free_blocks_.end(), 0);
   std::shuffle(free_blocks_.begin(), free_blocks_.end(), rng_);
-  for (auto& b : backends_) {
-    const Status s = b->poison_blocks(free_blocks_.data(), g.num_blocks);
+  for (auto& stream : streams_) {
+    const Status s = stream->poison_blocks(free_blocks_);
     if (!s.ok()) {
       status_ = s;
       return;
@@ -87,9 +93,9 @@ void KvFixture::write(int32_t layer, const std::vector<int64_t>& slots,
   w.k = k.data();
   w.v = v.data();
   w.dtype = DType::kFloat32;
-  for (auto& b : backends_) {
-    const Status s = b->write_kv(w);
-    EXPECT_TRUE(s.ok()) << b->name() << " write_kv: " << s.message();
+  for (size_t i = 0; i < backends_.size(); ++i) {
+    const Status s = streams_[i]->write_kv(std::span<const KvWrite>(&w, 1));
+    EXPECT_TRUE(s.ok()) << backends_[i]->name() << " write_kv: " << s.message();
   }
 }
 
@@ -186,7 +192,7 @@ Decoded KvFixture::decode(size_t backend, int32_t layer, const std::vector<int32
   out.out = d.out_bytes.data();
   out.lse = d.lse.data();
   out.splits = d.splits.data();
-  const Status s = backends_[backend]->decode(launch, out);
+  const Status s = streams_[backend]->decode(launch, out);
   EXPECT_TRUE(s.ok()) << backends_[backend]->name() << " decode: " << s.message();
   d.chunk_tokens = out.chunk_tokens;
   d.out.resize(rows * g.head_dim);

@@ -56,6 +56,7 @@ class KvFixture {
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
   Backend& backend(size_t i) { return *backends_[i]; }
+  BackendStream& stream(size_t i) { return *streams_[i]; }
   const CacheGeometry& geometry() const { return geometry_; }
 
   Queries random_queries(int32_t batch, DType dtype);
@@ -97,6 +98,7 @@ class KvFixture {
   CacheGeometry geometry_;
   Status status_;
   std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<std::unique_ptr<BackendStream>> streams_;  // one per backend
   std::vector<int32_t> free_blocks_;  // shuffled; handed out from the back
   std::vector<Sequence> sequences_;
   std::vector<double> k_mirror_;

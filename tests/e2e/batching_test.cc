@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "e2e_fixture.h"
-#include "engine.h"
+#include "engine/engine.h"
 
 namespace pagoda::e2e {
 namespace {

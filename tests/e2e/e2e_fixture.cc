@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "logging.h"
+#include "observability/logging.h"
 #include "pagoda/host_convert.h"
 
 namespace pagoda::e2e {

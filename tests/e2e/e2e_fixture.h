@@ -16,7 +16,7 @@
 
 #include "pagoda/v1/decode_attention.grpc.pb.h"
 #include "reference/naive_attention.h"
-#include "server.h"
+#include "app/server.h"
 
 namespace pagoda::e2e {
 

@@ -14,7 +14,7 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include "e2e_fixture.h"
-#include "engine.h"
+#include "engine/engine.h"
 
 extern char** environ;
 

@@ -24,10 +24,10 @@
 #include <thread>
 #include <vector>
 
-#include "cache_manager.h"
-#include "determinism_checker.h"
+#include "cache/cache_manager.h"
+#include "engine/determinism_checker.h"
 #include "e2e_fixture.h"
-#include "engine.h"
+#include "engine/engine.h"
 #include "scrape.h"
 
 namespace pagoda::e2e {

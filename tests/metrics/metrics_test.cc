@@ -1,7 +1,7 @@
 // Records a known sequence of observations through pagoda::Metrics, scrapes /metrics
 // over real HTTP on loopback, and checks the exact counts, buckets and label sets.
 
-#include "metrics.h"
+#include "observability/metrics.h"
 
 #include <gtest/gtest.h>
 

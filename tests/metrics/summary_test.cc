@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "metrics.h"
-#include "metrics_summary.h"
+#include "observability/metrics.h"
+#include "observability/metrics_summary.h"
 
 namespace pagoda {
 namespace {

@@ -1,6 +1,6 @@
 // The sliding-window maximum behind pagoda_determinism_max_abs_diff, on synthetic time.
 
-#include "metrics_window.h"
+#include "observability/metrics_window.h"
 
 #include <gtest/gtest.h>
 

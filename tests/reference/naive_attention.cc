@@ -49,9 +49,11 @@ ErrorStats compare(const std::vector<double>& want, const std::vector<float>& go
   ErrorStats e;
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    if (std::isnan(got[i])) e.has_nan = true;
+    // A NaN on either side is a failure, never skipped by max(): the
+    // reference is NaN only when it read a slot it must not.
+    if (std::isnan(got[i]) || std::isnan(want[i])) e.has_nan = true;
     const double diff = static_cast<double>(got[i]) - want[i];
-    e.max_abs = std::max(e.max_abs, std::abs(diff));
+    e.max_abs = std::isnan(diff) ? HUGE_VAL : std::max(e.max_abs, std::abs(diff));
     num += diff * diff;
     den += want[i] * want[i];
   }

@@ -23,7 +23,8 @@ ReferenceResult naive_decode(const CacheGeometry& g, const std::vector<double>& 
                              double scale);
 
 // Error of `got` against `want`: per-element max abs error, normalised mean
-// squared error sum((got-want)^2) / sum(want^2), and whether any value is NaN.
+// squared error sum((got-want)^2) / sum(want^2), and whether any value on
+// either side is NaN (then max_abs is infinite).
 struct ErrorStats {
   double max_abs = 0;
   double nmse = 0;

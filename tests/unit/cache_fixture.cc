@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -26,13 +27,26 @@ CacheFixture::CacheFixture(const FixtureOptions& options) : geometry_(options.ge
   auto backend = make_backend(bo);
   if (!backend.ok()) throw std::runtime_error(backend.status().message());
   backend_ = std::move(backend.value());
-  cache_ = std::make_unique<CacheManager>(*backend_);
+  auto stream = backend_->open_stream();
+  if (!stream.ok()) throw std::runtime_error(stream.status().message());
+  stream_ = std::move(stream.value());
+  cache_ = std::make_unique<CacheManager>(geometry_);
   std::vector<int32_t> all(geometry_.num_blocks);
   for (int32_t b = 0; b < geometry_.num_blocks; ++b) all[b] = b;
-  EXPECT_TRUE(backend_->poison_blocks(all.data(), geometry_.num_blocks).ok());
+  EXPECT_TRUE(stream_->poison_blocks(all).ok());
   const double nan = std::numeric_limits<double>::quiet_NaN();
   k_mirror_.assign(geometry_.pool_elements(), nan);
   v_mirror_.assign(geometry_.pool_elements(), nan);
+}
+
+Reservation CacheFixture::pin(int32_t layer, const std::vector<SequenceId>& ids) {
+  Reservation r;
+  EXPECT_TRUE(cache_->begin(layer, false, r).ok());
+  ReserveRequest request;
+  request.ids = ids;
+  const Status s = cache_->reserve(r, request);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return r;
 }
 
 SequenceId CacheFixture::add_sequence(int32_t layer, int32_t length) {
@@ -44,9 +58,10 @@ SequenceId CacheFixture::add_sequence(int32_t layer, int32_t length) {
 void CacheFixture::append_random(SequenceId id, int32_t layer, int32_t n) {
   const size_t elems = static_cast<size_t>(n) * geometry_.num_kv_heads * geometry_.head_dim;
   std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> unit(-1.f, 1.f);  // |v| <= 1: decode_table.h's bounds
   std::vector<float> k(elems), v(elems);
   for (float& x : k) x = normal(rng_);
-  for (float& x : v) x = normal(rng_);
+  for (float& x : v) x = unit(rng_);
   append_rows(id, layer, n, k, v);
 }
 
@@ -55,22 +70,36 @@ void CacheFixture::append_rows(SequenceId id, int32_t layer, int32_t n, const st
   auto before = cache_->info(id);
   ASSERT_TRUE(before.ok()) << before.status().message();
   const int32_t first = before->layer_lengths[layer];
-  auto len = cache_->append(id, layer, n, k.data(), v.data(), DType::kFloat32);
+  const std::vector<int32_t> table = cache_->block_table(id);
+  auto len = cache_->append(*stream_, id, layer, n, k.data(), v.data(), DType::kFloat32);
   ASSERT_TRUE(len.ok()) << len.status().message();
   ASSERT_EQ(*len, first + n);
+  follow_copies(id, table);
   mirror(id, layer, first, n, k, v);
+}
+
+void CacheFixture::follow_copies(SequenceId id, const std::vector<int32_t>& before) {
+  const std::vector<int32_t> after = cache_->block_table(id);
+  const CacheGeometry& g = geometry_;
+  for (size_t i = 0; i < before.size() && i < after.size(); ++i) {
+    if (before[i] == after[i]) continue;
+    for (int32_t layer = 0; layer < g.num_layers; ++layer) {
+      const int64_t src = g.element_offset(layer, before[i], 0, 0);
+      const int64_t dst = g.element_offset(layer, after[i], 0, 0);
+      std::copy_n(k_mirror_.begin() + src, g.block_stride(), k_mirror_.begin() + dst);
+      std::copy_n(v_mirror_.begin() + src, g.block_stride(), v_mirror_.begin() + dst);
+    }
+  }
 }
 
 void CacheFixture::mirror(SequenceId id, int32_t layer, int32_t first, int32_t n, const std::vector<float>& k,
                           const std::vector<float>& v) {
-  const SequenceId ids[] = {id};
-  auto lease = cache_->acquire(layer, ids);
-  ASSERT_TRUE(lease.ok()) << lease.status().message();
-  const auto& blocks = lease->block_ids();
+  const Reservation r = pin(layer, {id});
+  const BatchBlockTables tables = r.tables();
   const CacheGeometry& g = geometry_;
   for (int32_t t = 0; t < n; ++t) {
     const int32_t pos = first + t;
-    const int32_t block = blocks[pos / g.block_size];
+    const int32_t block = tables.block_of(0, pos, g.block_size);
     for (int32_t h = 0; h < g.num_kv_heads; ++h) {
       const int64_t dst = g.element_offset(layer, block, h, pos % g.block_size);
       const size_t src = (static_cast<size_t>(t) * g.num_kv_heads + h) * g.head_dim;
@@ -95,12 +124,12 @@ void CacheFixture::append_spike(SequenceId id, int32_t layer, const Queries& q, 
   const CacheGeometry& g = geometry_;
   const size_t elems = static_cast<size_t>(g.num_kv_heads) * g.head_dim;
   std::vector<float> k(elems), v(elems);
-  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> unit(-1.f, 1.f);
   for (int32_t h = 0; h < g.num_kv_heads; ++h) {
     const size_t q_off = (static_cast<size_t>(row) * g.num_q_heads + static_cast<size_t>(h) * g.group_size()) * g.head_dim;
     for (int32_t i = 0; i < g.head_dim; ++i) {
       k[static_cast<size_t>(h) * g.head_dim + i] = 4.f * q.values[q_off + i];
-      v[static_cast<size_t>(h) * g.head_dim + i] = normal(rng_);
+      v[static_cast<size_t>(h) * g.head_dim + i] = unit(rng_);
     }
   }
   append_rows(id, layer, 1, k, v);
@@ -109,9 +138,7 @@ void CacheFixture::append_spike(SequenceId id, int32_t layer, const Queries& q, 
 CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q,
                                            float scale, SplitMode mode, int32_t split_tokens) {
   Decoded d;
-  auto lease = cache_->acquire(layer, ids);
-  EXPECT_TRUE(lease.ok()) << lease.status().message();
-  if (!lease.ok()) return d;
+  const Reservation r = pin(layer, ids);
   const int32_t batch = static_cast<int32_t>(ids.size());
   const size_t rows = static_cast<size_t>(batch) * geometry_.num_q_heads;
   d.out_bytes.resize(rows * geometry_.head_dim * dtype_size(q.dtype));
@@ -119,7 +146,7 @@ CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<Sequ
   d.splits.resize(batch);
   DecodeLaunch launch;
   launch.layer = layer;
-  launch.tables = lease->tables();
+  launch.tables = r.tables();
   launch.q = q.bytes.data();
   launch.q_dtype = q.dtype;
   launch.scale = scale;
@@ -129,7 +156,7 @@ CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<Sequ
   out.out = d.out_bytes.data();
   out.lse = d.lse.data();
   out.splits = d.splits.data();
-  const Status s = backend_->decode(launch, out);
+  const Status s = stream_->decode(launch, out);
   EXPECT_TRUE(s.ok()) << s.message();
   d.chunk_tokens = out.chunk_tokens;
   d.out.resize(rows * geometry_.head_dim);
@@ -139,10 +166,9 @@ CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<Sequ
 
 ReferenceResult CacheFixture::reference(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q,
                                         double scale) {
-  auto lease = cache_->acquire(layer, ids);
-  EXPECT_TRUE(lease.ok()) << lease.status().message();
+  const Reservation r = pin(layer, ids);
   std::vector<double> qd(q.values.begin(), q.values.end());
-  return naive_decode(geometry_, k_mirror_, v_mirror_, layer, lease->tables(), qd, scale);
+  return naive_decode(geometry_, k_mirror_, v_mirror_, layer, r.tables(), qd, scale);
 }
 
 }  // namespace pagoda::testing

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "cache_manager.h"
+#include "cache/cache_manager.h"
 #include "pagoda/backend.h"
 #include "reference/naive_attention.h"
 
@@ -26,7 +26,11 @@ class CacheFixture {
   explicit CacheFixture(const FixtureOptions& options);
 
   Backend& backend() { return *backend_; }
+  BackendStream& stream() { return *stream_; }
   CacheManager& cache() { return *cache_; }
+
+  // A reservation pinning `ids` of `layer` at their current lengths (no append).
+  Reservation pin(int32_t layer, const std::vector<SequenceId>& ids);
   const CacheGeometry& geometry() const { return geometry_; }
 
   // A new sequence whose layer `layer` holds `length` random tokens.
@@ -36,6 +40,15 @@ class CacheFixture {
   // Appends given fp32 rows ([n, kv_heads, head_dim]) and mirrors them.
   void append_rows(SequenceId id, int32_t layer, int32_t n, const std::vector<float>& k,
                    const std::vector<float>& v);
+
+  // Brings the mirror along the copy-on-write copies the cache made in the
+  // table of `id` since it was `before` (block ids that changed were copied).
+  void follow_copies(SequenceId id, const std::vector<int32_t>& before);
+
+  // Records rows appended by other means (another thread's stream) in the
+  // mirror: tokens [first, first + n) of `layer` of `id`.
+  void mirror(SequenceId id, int32_t layer, int32_t first, int32_t n, const std::vector<float>& k,
+              const std::vector<float>& v);
 
   // Random queries [batch, q_heads, head_dim], rounded to `dtype` (returned as
   // fp32 values and as raw bytes of that dtype).
@@ -68,11 +81,9 @@ class CacheFixture {
   std::mt19937_64& rng() { return rng_; }
 
  private:
-  void mirror(SequenceId id, int32_t layer, int32_t first, int32_t n, const std::vector<float>& k,
-              const std::vector<float>& v);
-
   CacheGeometry geometry_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<BackendStream> stream_;
   std::unique_ptr<CacheManager> cache_;
   std::vector<double> k_mirror_;
   std::vector<double> v_mirror_;

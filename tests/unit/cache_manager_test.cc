@@ -1,4 +1,4 @@
-#include "cache_manager.h"
+#include "cache/cache_manager.h"
 
 #include <gtest/gtest.h>
 
@@ -23,6 +23,19 @@ CacheGeometry small(int32_t blocks) {
 
 std::vector<float> rows(int32_t n, float value) { return std::vector<float>(static_cast<size_t>(n) * 64, value); }
 
+// One request appending one token of `k` to each of `ids` on `layer`, as a
+// Decode with k/v does: reserve, finish, then release.
+Status append_batch(CacheFixture& f, int32_t layer, const std::vector<SequenceId>& ids, const std::vector<float>& k) {
+  Reservation r;
+  PAGODA_RETURN_IF_ERROR(f.cache().begin(layer, true, r));
+  ReserveRequest request;
+  request.ids = ids;
+  request.new_tokens_each = 1;
+  PAGODA_RETURN_IF_ERROR(f.cache().reserve(r, request));
+  const KvSource source{k.data(), k.data(), DType::kFloat32};
+  return f.cache().finish(r, f.stream(), std::span<const KvSource>(&source, 1));
+}
+
 TEST(CacheManager, LayersHaveTheirOwnLengthsAndShareBlocks) {
   CacheFixture f({small(8), 1, 1});
   const SequenceId id = f.add_sequence(0, 6);
@@ -41,12 +54,8 @@ TEST(CacheManager, ExhaustionIsAllOrNothingAcrossSequences) {
   ASSERT_EQ(f.cache().free_blocks(), 1);
   // a needs no block for one more token, b needs one, c needs one: 2 > 1 free.
   const SequenceId c = f.cache().create("c");
-  const SequenceId ids[] = {a, b, c};
-  const auto k = rows(3, 1.f);
-  const AppendRows r{1, k.data(), k.data(), DType::kFloat32};
-  auto lease = f.cache().acquire(0, ids, &r);
-  ASSERT_FALSE(lease.ok());
-  EXPECT_EQ(lease.status().code(), StatusCode::kResourceExhausted);
+  const Status s = append_batch(f, 0, {a, b, c}, rows(3, 1.f));
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.message();
   EXPECT_EQ(f.cache().free_blocks(), 1);
   EXPECT_EQ(f.cache().info(a)->layer_lengths[0], 7);
   EXPECT_EQ(f.cache().info(b)->layer_lengths[0], 4);
@@ -58,24 +67,25 @@ TEST(CacheManager, ExhaustionIsAllOrNothingAcrossSequences) {
   EXPECT_LE(compare(want.out, got.out).max_abs, 2e-5);
   // A single append that fits still works afterwards.
   const auto k1 = rows(1, 2.f);
-  EXPECT_TRUE(f.cache().append(a, 0, 1, k1.data(), k1.data(), DType::kFloat32).ok());
+  EXPECT_TRUE(f.cache().append(f.stream(), a, 0, 1, k1.data(), k1.data(), DType::kFloat32).ok());
 }
 
 TEST(CacheManager, ErrorsNameTheFieldAndChangeNothing) {
   CacheFixture f({small(4), 1, 1});
   const SequenceId a = f.add_sequence(0, 3);
   const auto k = rows(1, 1.f);
-  auto bad_layer = f.cache().append(a, 2, 1, k.data(), k.data(), DType::kFloat32);
+  auto bad_layer = f.cache().append(f.stream(), a, 2, 1, k.data(), k.data(), DType::kFloat32);
   EXPECT_EQ(bad_layer.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad_layer.status().message().find("layer: expected [0, 2), received 2"), std::string::npos)
       << bad_layer.status().message();
-  auto unknown = f.cache().append(999, 0, 1, k.data(), k.data(), DType::kFloat32);
+  auto unknown = f.cache().append(f.stream(), 999, 0, 1, k.data(), k.data(), DType::kFloat32);
   EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
-  const SequenceId dup[] = {a, a};
-  auto dup_lease = f.cache().acquire(0, dup);
-  EXPECT_EQ(dup_lease.status().code(), StatusCode::kInvalidArgument);
+  auto stale = f.cache().append(f.stream(), a, 0, 1, k.data(), k.data(), DType::kFloat32, 2);
+  EXPECT_EQ(stale.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.status().message().find("expected sequence"), std::string::npos) << stale.status().message();
   EXPECT_EQ(f.cache().free(12345).code(), StatusCode::kNotFound);
   EXPECT_EQ(f.cache().info(a)->layer_lengths[0], 3);
+  EXPECT_EQ(f.cache().free_blocks(), 3);
 }
 
 TEST(CacheManager, ForkSharesBlocksAndCopiesOnWrite) {
@@ -103,7 +113,48 @@ TEST(CacheManager, ForkSharesBlocksAndCopiesOnWrite) {
   EXPECT_EQ(f.cache().free_blocks(), free_before - 1);
 }
 
-TEST(CacheManager, FreeReturnsBlocksWhenTheLastReferenceGoes) {
+// A sequence and its fork appended in one request need the blocks the two
+// appends need one after the other: one copy, then the last holder writes in place.
+TEST(CacheManager, ForkPairInOneRequestNeedsWhatSeparateAppendsNeed) {
+  CacheFixture f({small(3), 1, 1});
+  const SequenceId a = f.add_sequence(0, 6);  // 2 blocks, the last half full
+  auto b = f.cache().fork(a);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(f.cache().free_blocks(), 1);
+  const Status s = append_batch(f, 0, {a, *b}, rows(2, 3.f));
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(f.cache().free_blocks(), 0);
+  EXPECT_EQ(f.cache().info(a)->layer_lengths[0], 7);
+  EXPECT_EQ(f.cache().info(*b)->layer_lengths[0], 7);
+}
+
+// A pin (an in-flight Decode's, the checker's) keeps blocks alive but does not
+// share them: appending past the pinned length writes in place, no copy.
+TEST(CacheManager, PinnedBlocksAreAppendedInPlace) {
+  CacheFixture f({small(16), 1, 1});
+  const SequenceId a = f.add_sequence(0, 5);  // last block 1 of 4 slots used
+  const int32_t free_before = f.cache().free_blocks();
+  const auto q = f.random_queries(1, DType::kFloat32);
+  const auto before = f.decode(0, {a}, q, 0.125f);
+  const Reservation pinned = f.pin(0, {a});
+  f.append_random(a, 0, 3);  // fills the pinned last block in place
+  EXPECT_EQ(f.cache().free_blocks(), free_before);
+  // The pin still reads the length it was taken at.
+  DecodeLaunch launch;
+  launch.tables = pinned.tables();
+  launch.q = q.bytes.data();
+  launch.scale = 0.125f;
+  std::vector<uint8_t> out(before.out_bytes.size());
+  DecodeOutputs o;
+  o.out = out.data();
+  ASSERT_TRUE(f.stream().decode(launch, o).ok());
+  EXPECT_EQ(out, before.out_bytes);
+  // And the sequence reads its new tokens.
+  const auto after = f.decode(0, {a}, q, 0.125f);
+  EXPECT_LE(compare(f.reference(0, {a}, q, 0.125).out, after.out).max_abs, 2e-5);
+}
+
+TEST(CacheManager, APinOutlivesAFreeAndThenReturnsTheBlocks) {
   CacheFixture f({small(8), 1, 1});
   const int32_t total = f.cache().free_blocks();
   const SequenceId a = f.add_sequence(0, 9);  // 3 blocks
@@ -112,34 +163,64 @@ TEST(CacheManager, FreeReturnsBlocksWhenTheLastReferenceGoes) {
   EXPECT_TRUE(f.cache().free(a).ok());
   EXPECT_EQ(f.cache().free_blocks(), total - 3);  // still held by the fork
   {
-    const SequenceId ids[] = {*b};
-    auto lease = f.cache().acquire(0, ids);
-    ASSERT_TRUE(lease.ok());
+    const Reservation pinned = f.pin(0, {*b});
     EXPECT_TRUE(f.cache().free(*b).ok());
-    EXPECT_EQ(f.cache().free_blocks(), total - 3);  // pinned by the lease
+    EXPECT_EQ(f.cache().free_blocks(), total - 3);  // pinned
+    EXPECT_EQ(f.cache().info(*b).status().code(), StatusCode::kNotFound);
   }
   EXPECT_EQ(f.cache().free_blocks(), total);
   EXPECT_EQ(f.cache().num_sequences(), 0u);
 }
 
-TEST(CacheManager, LeaseSeesTheLengthItWasTakenAt) {
-  CacheFixture f({small(16), 1, 1});
-  const SequenceId a = f.add_sequence(0, 5);
+// Pipelined steps of one sequence in one reservation (a stream's requests
+// coalesced into one batch) each see the length the previous one left.
+TEST(CacheManager, PartsOfOneReservationChainTheirAppends) {
+  CacheFixture f({small(8), 1, 1});
+  const SequenceId a = f.add_sequence(0, 3);
+  Reservation r;
+  ASSERT_TRUE(f.cache().begin(0, true, r).ok());
+  const SequenceId ids[] = {a};
+  const int32_t expected[] = {3};
+  ReserveRequest first;
+  first.ids = ids;
+  first.new_tokens_each = 1;
+  first.expected_lengths = expected;
+  ASSERT_TRUE(f.cache().reserve(r, first).ok());
+  ReserveRequest second;
+  second.ids = ids;
+  second.new_tokens_each = 1;
+  ASSERT_TRUE(f.cache().reserve(r, second).ok());
+  EXPECT_EQ(std::vector<int32_t>(r.lengths().begin(), r.lengths().end()), (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(f.cache().info(a)->layer_lengths[0], 3) << "committed only by finish";
+  const auto k = rows(1, 5.f);
+  const KvSource sources[] = {{k.data(), k.data(), DType::kFloat32}, {k.data(), k.data(), DType::kFloat32}};
+  ASSERT_TRUE(f.cache().finish(r, f.stream(), sources).ok());
+  EXPECT_EQ(f.cache().info(a)->layer_lengths[0], 5);
+}
+
+TEST(CacheManager, AReservationReleasedBeforeFinishRollsBackWhole) {
+  CacheFixture f({small(8), 1, 1});
+  const SequenceId a = f.add_sequence(0, 4);  // one full block
+  auto fork = f.cache().fork(a);
+  ASSERT_TRUE(fork.ok());
+  const int32_t free_before = f.cache().free_blocks();
+  {
+    Reservation r;
+    ASSERT_TRUE(f.cache().begin(0, true, r).ok());
+    const SequenceId ids[] = {a};
+    ReserveRequest request;
+    request.ids = ids;
+    request.new_tokens_each = 5;  // one new block, and a second
+    ASSERT_TRUE(f.cache().reserve(r, request).ok());
+    EXPECT_EQ(f.cache().free_blocks(), free_before - 2);
+  }
+  EXPECT_EQ(f.cache().free_blocks(), free_before);
+  EXPECT_EQ(f.cache().info(a)->layer_lengths[0], 4);
+  EXPECT_EQ(f.cache().info(a)->blocks_held, 1);
+  // The same append then works.
+  f.append_random(a, 0, 5);
   const auto q = f.random_queries(1, DType::kFloat32);
-  const auto before = f.decode(0, {a}, q, 0.125f);
-  auto lease = f.cache().acquire_prefix(a, 0, 5);
-  ASSERT_TRUE(lease.ok());
-  f.append_random(a, 0, 4);  // copies the pinned last block, writes the copy
-  DecodeLaunch launch;
-  launch.tables = lease->tables();
-  launch.q = q.bytes.data();
-  launch.scale = 0.125f;
-  std::vector<uint8_t> out(before.out_bytes.size());
-  DecodeOutputs o;
-  o.out = out.data();
-  ASSERT_TRUE(f.backend().decode(launch, o).ok());
-  EXPECT_EQ(out, before.out_bytes);
-  EXPECT_EQ(f.cache().acquire_prefix(a, 0, 10).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_LE(compare(f.reference(0, {a}, q, 0.125).out, f.decode(0, {a}, q, 0.125f).out).max_abs, 2e-5);
 }
 
 TEST(CacheManager, ConcurrentAppendsOnDistinctSequences) {
@@ -151,9 +232,11 @@ TEST(CacheManager, ConcurrentAppendsOnDistinctSequences) {
   std::vector<std::thread> workers;
   for (int i = 0; i < kThreads; ++i) {
     workers.emplace_back([&, i] {
+      auto stream = f.backend().open_stream();
+      ASSERT_TRUE(stream.ok());
       const auto k = rows(1, static_cast<float>(i));
       for (int s = 0; s < kSteps; ++s) {
-        auto r = f.cache().append(ids[i], s % 2, 1, k.data(), k.data(), DType::kFloat32);
+        auto r = f.cache().append(**stream, ids[i], s % 2, 1, k.data(), k.data(), DType::kFloat32);
         ASSERT_TRUE(r.ok()) << r.status().message();
       }
     });
@@ -171,6 +254,49 @@ TEST(CacheManager, ConcurrentAppendsOnDistinctSequences) {
   }
   EXPECT_EQ(held, kThreads * ((kSteps / 2 + 3) / 4));
   EXPECT_EQ(f.cache().free_blocks(), 512 - held);
+}
+
+// Forks appended concurrently on two layers: both copy-on-write the same
+// shared block index; the second waits for the first's copy, never reads it
+// half-made, and every layer of both sequences matches the reference.
+TEST(CacheManager, ConcurrentLayersCopyOnWriteTheSameBlockSafely) {
+  CacheFixture f({small(64), 1, 1});
+  constexpr int kRounds = 40;
+  for (int round = 0; round < kRounds; ++round) {
+    const SequenceId a = f.cache().create("a");
+    f.append_random(a, 0, 6);
+    f.append_random(a, 1, 6);
+    auto b = f.cache().fork(a);
+    ASSERT_TRUE(b.ok());
+    const std::vector<int32_t> table = f.cache().block_table(a);
+    std::vector<std::thread> layers;
+    for (int32_t layer = 0; layer < 2; ++layer) {
+      layers.emplace_back([&, layer] {
+        auto stream = f.backend().open_stream();
+        ASSERT_TRUE(stream.ok());
+        const auto k = rows(1, 7.f + layer);
+        auto r = f.cache().append(**stream, a, layer, 1, k.data(), k.data(), DType::kFloat32);
+        ASSERT_TRUE(r.ok()) << r.status().message();
+      });
+    }
+    for (auto& t : layers) t.join();
+    EXPECT_NE(f.cache().block_table(a), table) << "the shared last block was copied";
+    f.follow_copies(a, table);
+    for (int32_t layer = 0; layer < 2; ++layer) f.mirror(a, layer, 6, 1, rows(1, 7.f + layer), rows(1, 7.f + layer));
+    const auto q = f.random_queries(1, DType::kFloat32);
+    // The fork still sees the six shared tokens of each layer, a its seven.
+    for (int32_t layer = 0; layer < 2; ++layer) {
+      for (SequenceId id : {*b, a}) {
+        const auto got = f.decode(layer, {id}, q, 0.125f);
+        EXPECT_LE(compare(f.reference(layer, {id}, q, 0.125).out, got.out).max_abs, 2e-5)
+            << "round " << round << " layer " << layer << (id == a ? " source" : " fork");
+      }
+    }
+    EXPECT_EQ(f.cache().info(a)->layer_lengths, (std::vector<int32_t>{7, 7}));
+    ASSERT_TRUE(f.cache().free(a).ok());
+    ASSERT_TRUE(f.cache().free(*b).ok());
+  }
+  EXPECT_EQ(f.cache().free_blocks(), 64);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <string>
 #include <tuple>
 
+#include "cpu/cpu_backend.h"
+#include "pagoda/backend_factory.h"
 #include "reference/decode_table.h"
 #include "unit/cache_fixture.h"
 
@@ -87,14 +89,50 @@ TEST(CpuBackend, RejectsUnsupportedGeometry) {
   EXPECT_EQ(make_backend(o).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(BackendFactory, CudaWithoutCudaSaysSo) {
-  if (cuda_built()) GTEST_SKIP() << "this build has the CUDA backend";
+// The factory's choice through its seam (pagoda/backend_factory.h), in every
+// build: a set of makers without CUDA behaves as a CUDA-less binary does.
+bool no_device() { return false; }
+bool a_device() { return true; }
+StatusOr<std::unique_ptr<Backend>> fake_cuda(const BackendOptions&) {
+  return Status(StatusCode::kUnavailable, "fake cuda maker called");
+}
+
+TEST(BackendFactory, WithoutCudaCudaSaysSoAndAutoIsTheCpu) {
   BackendOptions o;
-  o.kind = "cuda";
   o.geometry.num_blocks = 4;
+  BackendMakers without_cuda;
+  without_cuda.cpu = &make_cpu_backend;
+  o.kind = "cuda";
+  auto b = make_backend_with(o, without_cuda);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(b.status().message().find("built without CUDA"), std::string::npos) << b.status().message();
+  o.kind = "auto";
+  auto cpu = make_backend_with(o, without_cuda);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  EXPECT_EQ(cpu.value()->name(), "cpu");
+}
+
+TEST(BackendFactory, AutoPicksCudaOnlyWhenADeviceAnswers) {
+  BackendOptions o;
+  o.geometry.num_blocks = 4;
+  o.kind = "auto";
+  BackendMakers with_cuda{&make_cpu_backend, &fake_cuda, &no_device};
+  auto b = make_backend_with(o, with_cuda);
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  EXPECT_EQ(b.value()->name(), "cpu");
+  with_cuda.cuda_device_available = &a_device;
+  EXPECT_EQ(make_backend_with(o, with_cuda).status().message(), "fake cuda maker called");
+}
+
+TEST(BackendFactory, UnknownKindIsInvalidArgumentNamingIt) {
+  BackendOptions o;
+  o.geometry.num_blocks = 4;
+  o.kind = "tpu";
   auto b = make_backend(o);
   ASSERT_FALSE(b.ok());
-  EXPECT_NE(b.status().message().find("built without CUDA"), std::string::npos) << b.status().message();
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.status().message(), "backend: expected auto, cpu or cuda, received 'tpu'");
 }
 
 }  // namespace

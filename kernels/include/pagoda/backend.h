@@ -1,10 +1,18 @@
 #pragma once
 // The attention backend: owns the K/V pools and runs the append and split-KV
-// decode computations. The cache manager (block tables, reference counts) and the
+// decode computations. The cache manager (block tables, shares and pins) and the
 // engine (batching) live in server/ and drive a backend through this interface.
+//
+// Work goes through a BackendStream: an ordered channel with its own scratch (on
+// CUDA a cudaStream_t with its staging and workspace buffers; on the CPU the
+// per-launch scratch). Each engine worker and the determinism checker own one,
+// so calls on different streams run concurrently and no lock is held across a
+// launch. Callers hand validated inputs (the rpc layer checks every request);
+// the backends keep debug assertions only.
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "pagoda/dtype.h"
@@ -46,9 +54,29 @@ struct DecodeOutputs {
   double transfer_seconds = 0;   // host<->device copies (0 on the CPU)
 };
 
-// A backend may be called from several threads at once (engine workers and the
-// determinism checker): implementations keep per-call scratch per thread or
-// serialise internally.
+// An ordered channel of work on one backend. Not thread-safe: one caller at a
+// time. Every call returns when its effects are complete and visible to every
+// other stream of the backend.
+class BackendStream {
+ public:
+  virtual ~BackendStream() = default;
+
+  // Writes each KvWrite's rows into its slots (dtype converted). The slots of
+  // concurrent calls on different streams must not overlap.
+  virtual Status write_kv(std::span<const KvWrite> writes) = 0;
+  // Copies block `src` into block `dst` in every layer (copy-on-write).
+  virtual Status copy_block(int32_t src, int32_t dst) = 0;
+  // Fills every element of the given blocks with NaN (tests: any read past a
+  // length then poisons the output).
+  virtual Status poison_blocks(std::span<const int32_t> blocks) = 0;
+  virtual Status decode(const DecodeLaunch& launch, DecodeOutputs& outputs) = 0;
+
+  // The memory-bandwidth baseline a kernel's achieved bandwidth is divided by,
+  // measured now on a buffer of `bytes` bytes, in bytes per second. CPU: a
+  // streaming read. CUDA: a device-to-device copy, bytes counted read + write.
+  virtual StatusOr<double> measure_memory_bandwidth(int64_t bytes) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -59,18 +87,9 @@ class Backend {
   // Workers the fast split plan balances over (threads, or resident CTAs).
   virtual int32_t num_workers() const = 0;
 
-  virtual Status write_kv(const KvWrite& w) = 0;
-  // Copies block `src` into block `dst` in every layer (copy-on-write).
-  virtual Status copy_block(int32_t src, int32_t dst) = 0;
-  // Fills every element of the given blocks with NaN (tests: any read past a
-  // length then poisons the output).
-  virtual Status poison_blocks(const int32_t* blocks, int32_t count) = 0;
-  virtual Status decode(const DecodeLaunch& launch, DecodeOutputs& outputs) = 0;
-
-  // The memory-bandwidth baseline a kernel's achieved bandwidth is divided by,
-  // measured now on a buffer of `bytes` bytes, in bytes per second. CPU: a
-  // streaming read. CUDA: a device-to-device copy, bytes counted read + write.
-  virtual StatusOr<double> measure_memory_bandwidth(int64_t bytes) = 0;
+  // A new stream with its own scratch (thread-safe). CUDA: fails with
+  // RESOURCE_EXHAUSTED when the device has no room for its workspaces.
+  virtual StatusOr<std::unique_ptr<BackendStream>> open_stream() = 0;
 };
 
 struct BackendOptions {
@@ -78,7 +97,7 @@ struct BackendOptions {
   CacheGeometry geometry;
   int32_t cpu_threads = 0;    // 0 = all cores
   int32_t cuda_device = 0;
-  int32_t max_batch = 256;    // sizes the device workspaces
+  int32_t max_batch = 256;    // sizes each stream's device workspaces
 };
 
 // Creates the backend `options.kind` names; "auto" picks CUDA when it was built

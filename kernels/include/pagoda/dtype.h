@@ -15,6 +15,11 @@ enum class DType : uint8_t { kFloat32 = 1, kFloat16 = 2, kBFloat16 = 3 };
 
 HD size_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
+// Whether `t` is one of the enumerators (a value read from the wire may not be).
+HD bool known_dtype(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
+}
+
 inline std::string_view dtype_name(DType t) {
   switch (t) {
     case DType::kFloat32: return "fp32";

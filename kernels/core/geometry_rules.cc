@@ -1,0 +1,42 @@
+#include "pagoda/geometry_rules.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace pagoda {
+
+bool supported_head_dim(int32_t head_dim) {
+  return std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), head_dim) !=
+         std::end(kSupportedHeadDims);
+}
+
+Status validate_geometry(const CacheGeometry& g) {
+  const struct {
+    const char* name;
+    int32_t value;
+  } positive[] = {{"num_layers", g.num_layers}, {"num_kv_heads", g.num_kv_heads},
+                  {"block_size", g.block_size}, {"num_blocks", g.num_blocks}};
+  for (const auto& f : positive) {
+    if (f.value < 1) return InvalidArgument("{}: expected >= 1, received {}", f.name, f.value);
+  }
+  if (g.num_q_heads < 1 || g.num_q_heads % g.num_kv_heads != 0) {
+    return InvalidArgument("num_q_heads: expected a positive multiple of num_kv_heads ({}), received {}",
+                           g.num_kv_heads, g.num_q_heads);
+  }
+  if (!supported_head_dim(g.head_dim)) {
+    return InvalidArgument("head_dim: expected 64, 128 or 256, received {}", g.head_dim);
+  }
+  if (!known_dtype(g.dtype)) {
+    return InvalidArgument("cache dtype: expected fp32, fp16 or bf16, received {}", static_cast<int>(g.dtype));
+  }
+  return Status::Ok();
+}
+
+Status check_layer(int32_t layer, int32_t num_layers) {
+  if (layer < 0 || layer >= num_layers) {
+    return InvalidArgument("layer: expected [0, {}), received {}", num_layers, layer);
+  }
+  return Status::Ok();
+}
+
+}  // namespace pagoda

@@ -1,0 +1,71 @@
+// Scalar conversions, for the client and the server's bookkeeping paths. The
+// CPU backend's hot paths convert in bulk with SIMD (cpu/convert_simd.h), with
+// the same rounding; tests check the two bit for bit.
+#include "pagoda/host_convert.h"
+
+#include <cstring>
+#include <vector>
+
+namespace pagoda {
+
+float fp16_to_float(uint16_t bits) {
+  _Float16 h;
+  std::memcpy(&h, &bits, sizeof h);
+  return static_cast<float>(h);
+}
+
+uint16_t float_to_fp16(float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, sizeof bits);
+  return bits;
+}
+
+float bf16_to_float(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+void convert_to_float(const void* src, DType from, float* dst, int64_t n) {
+  const auto* s16 = static_cast<const uint16_t*>(src);
+  switch (from) {
+    case DType::kFloat32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case DType::kFloat16: for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_float(s16[i]); return;
+    case DType::kBFloat16: for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s16[i]); return;
+  }
+}
+
+void convert_from_float(const float* src, void* dst, DType to, int64_t n) {
+  auto* d16 = static_cast<uint16_t*>(dst);
+  switch (to) {
+    case DType::kFloat32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case DType::kFloat16: for (int64_t i = 0; i < n; ++i) d16[i] = float_to_fp16(src[i]); return;
+    case DType::kBFloat16: for (int64_t i = 0; i < n; ++i) d16[i] = float_to_bf16(src[i]); return;
+  }
+}
+
+void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(from));
+    return;
+  }
+  if (from == DType::kFloat32) return convert_from_float(static_cast<const float*>(src), dst, to, n);
+  if (to == DType::kFloat32) return convert_to_float(src, from, static_cast<float*>(dst), n);
+  for (int64_t i = 0; i < n; ++i) {
+    float x;
+    convert_to_float(static_cast<const std::byte*>(src) + i * dtype_size(from), from, &x, 1);
+    convert_from_float(&x, static_cast<std::byte*>(dst) + i * dtype_size(to), to, 1);
+  }
+}
+
+}  // namespace pagoda

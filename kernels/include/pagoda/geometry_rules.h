@@ -1,0 +1,28 @@
+#pragma once
+// The rules a cache geometry and a layer index obey, checked in one place with
+// one wording. The server's settings, the backend factory and the request
+// decoding call these; the layers below take validated values.
+
+#include <cstdint>
+#include <span>
+
+#include "pagoda/paged_kv.h"
+#include "pagoda/status.h"
+
+namespace pagoda {
+
+// Head dimensions the kernels are instantiated for (CPU and CUDA alike).
+inline constexpr int32_t kSupportedHeadDims[] = {64, 128, 256};
+
+bool supported_head_dim(int32_t head_dim);
+
+// Positive sizes, q heads a multiple of KV heads, a supported head_dim and a
+// known cache dtype. The message names the field, the expected and the
+// received value, e.g. "num_q_heads: expected a positive multiple of
+// num_kv_heads (4), received 6".
+Status validate_geometry(const CacheGeometry& g);
+
+// "layer: expected [0, num_layers), received L" when out of range.
+Status check_layer(int32_t layer, int32_t num_layers);
+
+}  // namespace pagoda

@@ -1,0 +1,165 @@
+#include "app/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include "observability/cache_gauges.h"
+#include "cache/cache_manager.h"
+#include "engine/determinism_checker.h"
+#include "engine/engine.h"
+#include "observability/metrics.h"
+#include "rpc/service.h"
+#include "observability/summary_logger.h"
+
+namespace pagoda {
+namespace {
+
+// "0.0.0.0:0" with bound port 40123 -> "0.0.0.0:40123".
+std::string with_port(const std::string& listen, int port) {
+  const auto colon = listen.rfind(':');
+  return (colon == std::string::npos ? listen : listen.substr(0, colon)) + ":" + std::to_string(port);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfig& config) {
+  std::unique_ptr<PagodaServer> s(new PagodaServer());
+  s->config_ = config;
+  const ServerConfig& raw = config.raw;
+
+  BackendOptions options;
+  options.kind = raw.backend;
+  options.geometry = config.geometry;
+  options.cpu_threads = raw.threads;
+  options.max_batch = raw.max_batch;
+  StatusOr<std::unique_ptr<Backend>> backend = make_backend(options);
+  PAGODA_RETURN_IF_ERROR(backend.status());
+  s->backend_ = std::move(*backend);
+
+  // After the backend: settings it rejects fail before any port is bound.
+  MetricsOptions metrics;
+  metrics.address = raw.metrics_address;
+  StatusOr<std::unique_ptr<Metrics>> created = Metrics::create(metrics);
+  PAGODA_RETURN_IF_ERROR(created.status());
+  s->metrics_ = std::move(*created);
+  if (s->metrics_->port() > 0) s->metrics_address_ = with_port(raw.metrics_address, s->metrics_->port());
+  s->cache_ = std::make_unique<CacheManager>(s->backend_->geometry());
+  s->metrics_->set_build_info({PAGODA_VERSION, s->backend_->name(), s->backend_->device_name()});
+  s->cache_gauges_ = std::make_unique<CacheGauges>(*s->cache_, *s->metrics_);
+  s->cache_gauges_->publish();
+
+  DeterminismCheckerOptions checks;
+  checks.sample_rate = raw.determinism_sample_rate;
+  checks.mode = config.mode;
+  checks.split_tokens = raw.split_tokens;
+  std::unique_ptr<BackendStream> check_stream;
+  if (checks.sample_rate > 0) {
+    StatusOr<std::unique_ptr<BackendStream>> stream = s->backend_->open_stream();
+    PAGODA_RETURN_IF_ERROR(stream.status());
+    check_stream = std::move(*stream);
+  }
+  s->checker_ = std::make_unique<DeterminismChecker>(std::move(check_stream), *s->cache_, *s->metrics_,
+                                                     s->cache_gauges_.get(), checks);
+
+  EngineOptions engine;
+  engine.max_batch = raw.max_batch;
+  engine.max_batch_wait_us = raw.max_batch_wait_us;
+  engine.mode = config.mode;
+  engine.split_tokens = raw.split_tokens;
+  EngineObservers observers;
+  observers.metrics = s->metrics_.get();
+  observers.cache_gauges = s->cache_gauges_.get();
+  observers.checker = s->checker_.get();
+  StatusOr<std::unique_ptr<Engine>> created_engine = Engine::create(*s->backend_, *s->cache_, engine, observers);
+  PAGODA_RETURN_IF_ERROR(created_engine.status());
+  s->engine_ = std::move(*created_engine);
+  ServiceSettings settings;
+  settings.geometry = config.geometry;
+  settings.mode = config.mode;
+  settings.split_tokens = raw.split_tokens;
+  settings.max_batch = raw.max_batch;
+  settings.max_batch_wait_us = raw.max_batch_wait_us;
+  settings.max_message_bytes = raw.max_message_bytes;
+  s->service_ = std::make_unique<DecodeAttentionService>(settings, *s->backend_, *s->cache_, *s->engine_,
+                                                         *s->metrics_, *s->cache_gauges_);
+
+  // Both process-wide switches must be set before the builder is created.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(raw.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(raw.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(raw.max_message_bytes));
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_ || s->port_ == 0) {
+    s->engine_->stop();
+    return Unavailable("--listen: expected an address this process can bind, received '{}'", raw.listen);
+  }
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  s->address_ = with_port(raw.listen, s->port_);
+  DeterminismChecker* checker = s->checker_.get();
+  s->summary_ = std::make_unique<SummaryLogger>(
+      *s->metrics_,
+      [checker] {
+        const DeterminismChecker::Stats c = checker->stats();
+        return CheckCounts{c.checked, c.mismatches, c.skipped};
+      },
+      std::chrono::duration<double>(raw.log_summary_interval));
+  return s;
+}
+
+PagodaServer::~PagodaServer() {
+  if (server_ && !stopped_) shutdown(0);
+  if (summary_) summary_->stop();
+  if (engine_) engine_->stop();
+  if (checker_) checker_->stop();
+}
+
+bool PagodaServer::draining() const { return service_->draining(); }
+
+void PagodaServer::shutdown(double drain_seconds) {
+  if (stopped_) return;
+  stopped_ = true;
+  spdlog::info("shutdown: draining, health NOT_SERVING, new calls UNAVAILABLE, up to {} s for in-flight calls",
+               drain_seconds);
+  const auto t0 = std::chrono::steady_clock::now();
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  service_->begin_drain();
+  // While calls are in flight the server keeps accepting connections, so that
+  // a new call reaches a handler and gets a clear UNAVAILABLE. Then Shutdown
+  // stops listening and cancels whatever is left at the deadline; the engine
+  // keeps running meanwhile so queued work finishes.
+  const auto drain_for = std::chrono::microseconds(static_cast<int64_t>(drain_seconds * 1e6));
+  const auto deadline = std::chrono::steady_clock::now() + drain_for;
+  while (service_->active_calls() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (service_->active_calls() > 0) {
+    spdlog::warn("shutdown: {} calls still in flight after {} s; cancelling them", service_->active_calls(),
+                 drain_seconds);
+  }
+  const auto left = std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero());
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
+  server_->Wait();
+  engine_->stop();
+  summary_->stop();
+  // Checks still queued are dropped: a drain does not wait for re-computations.
+  checker_->stop();
+  if (checker_->enabled()) {
+    const DeterminismChecker::Stats checks = checker_->stats();
+    spdlog::info("shutdown: determinism checks: {} done, {} mismatches, {} skipped (queue full or sequence freed)",
+                 checks.checked, checks.mismatches, checks.skipped);
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("shutdown: done in {:.3f} s", took);
+}
+
+}  // namespace pagoda

@@ -1,0 +1,116 @@
+#include "app/server_config.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "pagoda/geometry_rules.h"
+
+namespace pagoda {
+namespace {
+
+Status check_positive(const char* flag, int64_t value) {
+  if (value < 1) return InvalidArgument("{}: expected >= 1, received {}", flag, value);
+  return Status::Ok();
+}
+
+bool one_of(const std::string& s, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed)
+    if (s == a) return true;
+  return false;
+}
+
+}  // namespace
+
+int64_t block_bytes(const CacheGeometry& g) {
+  return g.token_kv_bytes() * g.block_size * g.num_layers;
+}
+
+StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
+  PAGODA_RETURN_IF_ERROR(check_positive("--split-tokens", c.split_tokens));
+  PAGODA_RETURN_IF_ERROR(check_positive("--max-batch", c.max_batch));
+  const std::optional<DType> dtype = parse_dtype(c.cache_dtype);
+  if (!dtype) {
+    return InvalidArgument("--cache-dtype: expected fp32, fp16 or bf16, received '{}'", c.cache_dtype);
+  }
+  // The geometry's own rules (pagoda/geometry_rules.h), with a capacity of one
+  // block until the real one is known.
+  CacheGeometry geometry{.num_layers = c.layers, .num_q_heads = c.q_heads, .num_kv_heads = c.kv_heads,
+                         .head_dim = c.head_dim, .block_size = c.block_size, .num_blocks = 1, .dtype = *dtype};
+  PAGODA_RETURN_IF_ERROR(validate_geometry(geometry));
+  if (c.split_tokens % c.block_size != 0) {
+    return InvalidArgument("--split-tokens: expected a multiple of --block-size ({}), received {}",
+                           c.block_size, c.split_tokens);
+  }
+  if (!one_of(c.mode, {"deterministic", "fast"})) {
+    return InvalidArgument("--mode: expected deterministic or fast, received '{}'", c.mode);
+  }
+  if (!one_of(c.backend, {"auto", "cpu", "cuda"})) {
+    return InvalidArgument("--backend: expected auto, cpu or cuda, received '{}'", c.backend);
+  }
+  if (c.max_batch_wait_us < 0) {
+    return InvalidArgument("--max-batch-wait-us: expected >= 0, received {}", c.max_batch_wait_us);
+  }
+  // gRPC takes the limit as an int.
+  if (c.max_message_bytes < 1024 || c.max_message_bytes > INT32_MAX) {
+    return InvalidArgument("--max-message-bytes: expected in [1024, {}], received {}", INT32_MAX,
+                           c.max_message_bytes);
+  }
+  if (c.threads < 0) return InvalidArgument("--threads: expected >= 0 (0 = all cores), received {}", c.threads);
+  if (!(c.drain_timeout >= 0) || !std::isfinite(c.drain_timeout)) {
+    return InvalidArgument("--drain-timeout: expected a finite number of seconds >= 0, received {}",
+                           c.drain_timeout);
+  }
+  if (!(c.determinism_sample_rate >= 0 && c.determinism_sample_rate <= 1)) {
+    return InvalidArgument("--determinism-sample-rate: expected in [0, 1], received {}",
+                           c.determinism_sample_rate);
+  }
+  if (!(c.log_summary_interval >= 0) || !std::isfinite(c.log_summary_interval)) {
+    return InvalidArgument("--log-summary-interval: expected a finite number of seconds >= 0 (0 = off), received {}",
+                           c.log_summary_interval);
+  }
+  if (!one_of(c.log_level, {"trace", "debug", "info", "warn", "warning", "error", "critical", "off"})) {
+    return InvalidArgument("--log-level: expected trace, debug, info, warn, error, critical or off, received '{}'",
+                           c.log_level);
+  }
+  if (!one_of(c.log_format, {"text", "json"})) {
+    return InvalidArgument("--log-format: expected text or json, received '{}'", c.log_format);
+  }
+
+  EffectiveConfig e;
+  e.raw = c;
+  e.mode = c.mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
+  e.geometry = geometry;
+  CacheGeometry& g = e.geometry;
+  int64_t blocks = c.num_blocks;
+  if (blocks < 0) return InvalidArgument("--num-blocks: expected >= 0 (0 = from --cache-bytes), received {}", blocks);
+  if (blocks == 0) {
+    if (c.cache_bytes < 0) return InvalidArgument("--cache-bytes: expected >= 0, received {}", c.cache_bytes);
+    blocks = c.cache_bytes / block_bytes(g);
+    if (blocks < 1) {
+      return InvalidArgument("--cache-bytes: expected at least one block ({} bytes with this geometry), received {}",
+                             block_bytes(g), c.cache_bytes);
+    }
+  }
+  if (blocks > INT32_MAX) {
+    return InvalidArgument("--num-blocks: expected at most {}, received {}", INT32_MAX, blocks);
+  }
+  g.num_blocks = static_cast<int32_t>(blocks);
+  return e;
+}
+
+std::string describe(const EffectiveConfig& e) {
+  const ServerConfig& c = e.raw;
+  const CacheGeometry& g = e.geometry;
+  return fmt::format(
+      "layers={} q_heads={} kv_heads={} head_dim={} block_size={} num_blocks={} cache_bytes={} "
+      "cache_dtype={} split_tokens={} mode={} max_batch={} max_batch_wait_us={} max_message_bytes={} "
+      "threads={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={} "
+      "log_summary_interval={}s",
+      g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim, g.block_size, g.num_blocks,
+      block_bytes(g) * g.num_blocks, dtype_name(g.dtype), c.split_tokens, c.mode, c.max_batch,
+      c.max_batch_wait_us, c.max_message_bytes, c.threads, c.backend, c.drain_timeout, c.metrics_address,
+      c.determinism_sample_rate, c.log_summary_interval);
+}
+
+}  // namespace pagoda

@@ -1,0 +1,53 @@
+#include "app/server_flags.h"
+
+#include <cctype>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace pagoda {
+namespace {
+
+// "--kv-heads" -> "PAGODA_KV_HEADS".
+std::string env_name(const std::string& flag) {
+  std::string env = "PAGODA_";
+  for (char ch : flag.substr(2)) env += ch == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return env;
+}
+
+template <typename T>
+void add(CLI::App& app, const std::string& flag, T& value, const std::string& help) {
+  app.add_option(flag, value, help)->envname(env_name(flag))->capture_default_str();
+}
+
+}  // namespace
+
+void add_server_flags(CLI::App& app, ServerConfig& c) {
+  add(app, "--listen", c.listen, "gRPC listen address, host:port (port 0 picks a free port)");
+  add(app, "--metrics-address", c.metrics_address, "Prometheus exposition address, host:port (port 0 picks a free port; empty: not served)");
+  add(app, "--layers", c.layers, "Model layers whose K/V the cache holds");
+  add(app, "--q-heads", c.q_heads, "Query heads per token");
+  add(app, "--kv-heads", c.kv_heads, "K/V heads per token (q-heads must be a multiple: GQA)");
+  add(app, "--head-dim", c.head_dim, "Elements per head (64, 128 or 256)");
+  add(app, "--block-size", c.block_size, "Tokens per cache block");
+  add(app, "--num-blocks", c.num_blocks, "Cache capacity in blocks (0: derived from --cache-bytes)");
+  add(app, "--cache-bytes", c.cache_bytes, "Cache capacity in bytes, K and V of every layer (used when --num-blocks is 0)");
+  add(app, "--cache-dtype", c.cache_dtype, "Element type of the cache: fp32, fp16 or bf16");
+  add(app, "--split-tokens", c.split_tokens, "Split-KV chunk length in tokens (a multiple of --block-size)");
+  add(app, "--mode", c.mode, "deterministic (bits independent of batching) or fast (split count adapts)");
+  add(app, "--max-batch", c.max_batch, "Most sequences coalesced into one backend launch");
+  add(app, "--max-batch-wait-us", c.max_batch_wait_us,
+      "Longest a Decode waits, in microseconds, for calls already arriving to join its batch (0: never wait)");
+  add(app, "--max-message-bytes", c.max_message_bytes, "Largest gRPC message received or sent, bytes");
+  add(app, "--threads", c.threads, "CPU backend threads (0: all cores)");
+  add(app, "--backend", c.backend, "auto (CUDA when a device answers, else CPU), cpu or cuda");
+  add(app, "--drain-timeout", c.drain_timeout, "Seconds in-flight calls get to finish after SIGTERM/SIGINT");
+  add(app, "--determinism-sample-rate", c.determinism_sample_rate,
+      "Fraction of decoded sequences re-checked alone for bitwise determinism (0 to 1)");
+  add(app, "--log-level", c.log_level, "trace, debug, info, warn, error, critical or off");
+  add(app, "--log-format", c.log_format, "text or json (one JSON object a line)");
+  add(app, "--log-summary-interval", c.log_summary_interval,
+      "Seconds between summary log lines (requests, p99, cache usage); 0: none");
+}
+
+}  // namespace pagoda

@@ -1,0 +1,116 @@
+// Sequences and blocks: create, fork, free, info, and the counts that decide
+// when a block returns to the pool. Reservations are in reservation.cc.
+#include "cache/cache_manager.h"
+
+#include <cassert>
+#include <utility>
+
+#include "pagoda/geometry_rules.h"
+
+namespace pagoda {
+
+CacheManager::CacheManager(const CacheGeometry& geometry)
+    : geometry_(geometry), writers_(new std::mutex[static_cast<size_t>(geometry.num_layers)]) {
+  shares_.assign(geometry_.num_blocks, 0);
+  pins_.assign(geometry_.num_blocks, 0);
+  fill_.assign(geometry_.num_blocks, Fill::kReady);
+  free_list_.reserve(geometry_.num_blocks);
+  // Lowest ids are handed out first.
+  for (int32_t b = geometry_.num_blocks - 1; b >= 0; --b) free_list_.push_back(b);
+}
+
+CacheManager::Sequence* CacheManager::find(SequenceId id) {
+  auto it = sequences_.find(id);
+  return it == sequences_.end() ? nullptr : &it->second;
+}
+
+SequenceId CacheManager::create(std::string label) {
+  std::lock_guard lock(mu_);
+  const SequenceId id = next_id_++;
+  const auto layers = static_cast<size_t>(geometry_.num_layers);
+  sequences_.emplace(id, Sequence{std::move(label), {}, std::vector<int32_t>(layers, 0),
+                                  std::vector<int32_t>(layers, -1), -1});
+  return id;
+}
+
+StatusOr<SequenceId> CacheManager::fork(SequenceId source) {
+  std::lock_guard lock(mu_);
+  const Sequence* s = find(source);
+  if (s == nullptr) return NotFound("source_id: no sequence {}", source);
+  // The fork shares the committed state: an append in flight on the source is
+  // the source's alone (its table may already hold the block it writes into:
+  // sharing it is harmless, the fork never reads past its own lengths).
+  Sequence copy = *s;
+  std::fill(copy.pending.begin(), copy.pending.end(), -1);
+  for (int32_t b : copy.blocks) ++shares_[b];
+  const SequenceId id = next_id_++;
+  sequences_.emplace(id, std::move(copy));
+  return id;
+}
+
+Status CacheManager::free(SequenceId id) {
+  std::lock_guard lock(mu_);
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return NotFound("sequence_id: no sequence {}", id);
+  // Blocks a reservation still pins stay allocated until it releases them; an
+  // append in flight finds the sequence gone at commit and drops its lengths.
+  for (int32_t b : it->second.blocks) unshare(b);
+  sequences_.erase(it);
+  return Status::Ok();
+}
+
+StatusOr<SequenceInfo> CacheManager::info(SequenceId id) const {
+  std::lock_guard lock(mu_);
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return NotFound("sequence_id: no sequence {}", id);
+  return SequenceInfo{it->second.label, it->second.lengths, static_cast<int32_t>(it->second.blocks.size())};
+}
+
+int32_t CacheManager::allocate_block() {
+  assert(!free_list_.empty() && "reserve counts the blocks it needs before allocating");
+  const int32_t b = free_list_.back();
+  free_list_.pop_back();
+  shares_[b] = 1;
+  pins_[b] = 0;
+  fill_[b] = Fill::kReady;
+  return b;
+}
+
+void CacheManager::maybe_free(int32_t block) {
+  if (shares_[block] == 0 && pins_[block] == 0) free_list_.push_back(block);
+}
+
+void CacheManager::unshare(int32_t block) {
+  assert(shares_[block] > 0);
+  --shares_[block];
+  maybe_free(block);
+}
+
+void CacheManager::unpin(int32_t block) {
+  assert(pins_[block] > 0);
+  --pins_[block];
+  maybe_free(block);
+}
+
+int32_t CacheManager::free_blocks() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int32_t>(free_list_.size());
+}
+
+size_t CacheManager::num_sequences() const {
+  std::lock_guard lock(mu_);
+  return sequences_.size();
+}
+
+std::vector<int32_t> CacheManager::free_block_ids() const {
+  std::lock_guard lock(mu_);
+  return free_list_;
+}
+
+std::vector<int32_t> CacheManager::block_table(SequenceId id) const {
+  std::lock_guard lock(mu_);
+  auto it = sequences_.find(id);
+  return it == sequences_.end() ? std::vector<int32_t>{} : it->second.blocks;
+}
+
+}  // namespace pagoda

@@ -1,0 +1,162 @@
+#pragma once
+// The paged KV cache's bookkeeping (DESIGN §3): the block pool, each sequence's
+// block table and per-layer lengths, sharing between forks (copy-on-write), and
+// reservations (reservation.h) that pin what a computation reads and own the
+// slots an append writes.
+//
+// Every block has two counts, kept apart:
+//  - shares: the block tables holding it (a sequence and its forks). Only a
+//    block with more than one share is copied before a write.
+//  - pins: reservations in flight. A pin keeps the block alive (its return to
+//    the free list waits for it) but does not make it shared: a reservation
+//    reads only up to the length fixed when it was made, so a pinned block may
+//    be appended to in place past that length.
+// A block is free when both are zero. One exception to "pins do not copy": a
+// truncation that cuts into a pinned block marks it, and the next write into it
+// copies it first, since that write lands below a length a pin still reads.
+//
+// Guarantees: an append is all-or-nothing (RESOURCE_EXHAUSTED, FAILED_PRECONDITION
+// or a failed write leave every sequence as it was); a block id addresses the same
+// slot in every layer and each layer has its own length; a sequence that is
+// freed, forked, grown or truncated meanwhile never changes what a reservation
+// reads.
+//
+// Locks: one mutex guards the bookkeeping and is never held across a copy or a
+// K/V write. Appends to one layer take that layer's writer token from
+// reservation to commit, so they are ordered per layer (the engine orders them
+// so already); truncation takes every layer's token. All methods are safe to
+// call concurrently.
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/reservation.h"
+#include "pagoda/backend.h"
+#include "pagoda/status.h"
+
+namespace pagoda {
+
+struct SequenceInfo {
+  std::string label;
+  std::vector<int32_t> layer_lengths;  // [num_layers] tokens cached per layer
+  int32_t blocks_held = 0;
+};
+
+// One request's claim on a reservation.
+struct ReserveRequest {
+  std::span<const SequenceId> ids;
+  // New tokens each sequence appends before attending: new_tokens[i] for
+  // sequence i, or new_tokens_each for all when new_tokens is empty.
+  std::span<const int32_t> new_tokens;
+  int32_t new_tokens_each = 0;
+  // [ids] the layer length each sequence must have before its append; empty:
+  // unchecked. A mismatch is FAILED_PRECONDITION and nothing changes.
+  std::span<const int32_t> expected_lengths;
+
+  int32_t tokens_of(size_t i) const { return new_tokens.empty() ? new_tokens_each : new_tokens[i]; }
+};
+
+// Where a part's new rows come from: [tokens of the part, num_kv_heads, head_dim].
+struct KvSource {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType dtype = DType::kFloat32;
+};
+
+class CacheManager {
+ public:
+  // The backend owns the pools; the manager hands out their block ids.
+  explicit CacheManager(const CacheGeometry& geometry);
+  CacheManager(const CacheManager&) = delete;
+  CacheManager& operator=(const CacheManager&) = delete;
+
+  const CacheGeometry& geometry() const { return geometry_; }
+
+  SequenceId create(std::string label);
+  StatusOr<SequenceId> fork(SequenceId source);
+  Status free(SequenceId id);
+  StatusOr<SequenceInfo> info(SequenceId id) const;
+
+  // Starts `r` (emptied first) on `layer`. `appends`: some request will append,
+  // so the layer's writer token is taken (waiting for another appender).
+  Status begin(int32_t layer, bool appends, Reservation& r);
+  // Adds one request to `r`: its sequences (each with its length after the
+  // append) and the slots and copies its new tokens need. All or nothing: on
+  // error `r` is as before. Errors: NOT_FOUND (unknown id), FAILED_PRECONDITION
+  // (expected_lengths), RESOURCE_EXHAUSTED (not enough free blocks).
+  Status reserve(Reservation& r, const ReserveRequest& request);
+  // Makes `r`'s copy-on-write copies, waits for copies other reservations are
+  // making into blocks `r` reads or writes, writes each part's new rows
+  // (sources[p] for part p) into their slots, then commits the new lengths. All
+  // of it outside the bookkeeping lock. On error nothing is committed and `r`
+  // rolls back when released.
+  Status finish(Reservation& r, BackendStream& stream, std::span<const KvSource> sources);
+  // Starts `r` on the layer of `from` and pins exactly what sequence `index` of
+  // `from` reads (the determinism checker re-reads a launch's view after it).
+  void pin_copy(const Reservation& from, int32_t index, Reservation& r);
+
+  // One request's append: begin, reserve, finish, release. Returns the layer's new length.
+  StatusOr<int32_t> append(BackendStream& stream, SequenceId id, int32_t layer, int32_t num_tokens, const void* k,
+                           const void* v, DType dtype, std::optional<int32_t> expected_length = std::nullopt);
+
+  int32_t total_blocks() const { return geometry_.num_blocks; }
+  int32_t free_blocks() const;
+  size_t num_sequences() const;
+  // Tests: blocks on the free list, so they can be filled with NaN; a
+  // sequence's block table (empty when unknown).
+  std::vector<int32_t> free_block_ids() const;
+  std::vector<int32_t> block_table(SequenceId id) const;
+
+ private:
+  friend class Reservation;
+
+  struct Sequence {
+    std::string label;
+    std::vector<int32_t> blocks;
+    std::vector<int32_t> lengths;  // [num_layers] committed
+    std::vector<int32_t> pending;  // [num_layers] length after the append in flight, -1: none
+    int32_t copy_if_pinned = -1;   // table index truncated into while pinned (see the top of this file)
+
+    int32_t reserved_length(int32_t layer) const {
+      return pending[layer] >= 0 ? pending[layer] : lengths[layer];
+    }
+  };
+  // A block being copied into by a reservation that has not finished its copy.
+  enum class Fill : uint8_t { kReady, kFilling, kFailed };
+
+  // Under mu_:
+  Sequence* find(SequenceId id);
+  bool needs_copy(const Sequence& s, int32_t index, int32_t copies_planned) const;
+  StatusOr<int64_t> blocks_needed(Reservation& r, std::span<Sequence* const> seqs, const ReserveRequest& request);
+  int32_t allocate_block();
+  void unshare(int32_t block);
+  void unpin(int32_t block);
+  void maybe_free(int32_t block);
+  void pin_range(Reservation& r, const Sequence& s, int32_t length);
+  void rollback(Reservation& r);
+  void trim_tail(Sequence& s);
+  // Called by Reservation::release.
+  void release(Reservation& r);
+
+  const CacheGeometry geometry_;
+  mutable std::mutex mu_;
+  std::condition_variable filled_;  // a Fill left kFilling
+  std::unordered_map<SequenceId, Sequence> sequences_;
+  std::vector<int32_t> shares_;  // [num_blocks]
+  std::vector<int32_t> pins_;    // [num_blocks]
+  std::vector<Fill> fill_;       // [num_blocks]
+  std::vector<int32_t> free_list_;
+  SequenceId next_id_ = 1;
+  std::unique_ptr<std::mutex[]> writers_;  // [num_layers] the layers' writer tokens
+  // Scratch of reserve(), under mu_.
+  std::vector<Sequence*> seqs_;
+};
+
+}  // namespace pagoda

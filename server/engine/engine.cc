@@ -1,0 +1,387 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/determinism_checker.h"
+#include "observability/cache_gauges.h"
+
+namespace pagoda {
+namespace {
+
+double micros_between(EngineClock::time_point a, EngineClock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+}  // namespace
+
+// A worker: its thread, its backend stream, and the inputs and outputs of its
+// launches, reused across batches so that a warm worker does not allocate.
+struct Engine::Worker {
+  std::unique_ptr<BackendStream> stream;
+  std::thread thread;
+  Batch batch;
+  Reservation reservation;          // the batch's pins, slots and copies
+  std::vector<size_t> launched;     // indices of the items whose reservation succeeded
+  std::vector<KvSource> sources;    // [parts] where each launched item's new rows come from
+  std::vector<std::byte> q;         // [batch, num_q_heads, head_dim] in q dtype
+  std::vector<std::byte> out;       // [batch, num_q_heads, head_dim] in q dtype
+  std::vector<float> lse;           // [batch, num_q_heads]
+  std::vector<int32_t> splits;      // [batch]
+};
+
+StatusOr<std::unique_ptr<Engine>> Engine::create(Backend& backend, CacheManager& cache, const EngineOptions& options,
+                                                 const EngineObservers& observers) {
+  std::unique_ptr<Engine> engine(new Engine(backend, cache, options, observers));
+  const int32_t n = std::max(1, options.workers);
+  for (int32_t i = 0; i < n; ++i) {
+    auto w = std::make_unique<Worker>();
+    StatusOr<std::unique_ptr<BackendStream>> stream = backend.open_stream();
+    if (!stream.ok()) {
+      engine->stop();
+      return stream.status();
+    }
+    w->stream = std::move(*stream);
+    engine->workers_.push_back(std::move(w));
+  }
+  for (auto& w : engine->workers_) {
+    Worker* worker = w.get();
+    worker->thread = std::thread([e = engine.get(), worker] { e->worker_loop(*worker); });
+  }
+  return engine;
+}
+
+Engine::Engine(Backend& backend, CacheManager& cache, const EngineOptions& options,
+               const EngineObservers& observers)
+    : backend_(backend),
+      cache_(cache),
+      options_(options),
+      observers_(observers),
+      num_layers_(backend.geometry().num_layers),
+      queues_(static_cast<size_t>(num_layers_)),
+      layer_busy_(static_cast<size_t>(num_layers_), false) {}
+
+Engine::~Engine() { stop(); }
+
+void Engine::submit(DecodeWork* work) {
+  work->enqueued = EngineClock::now();
+  enqueue(work->layer, Item{work, nullptr, work->enqueued});
+}
+
+void Engine::submit(AppendWork* work) {
+  enqueue(work->layer, Item{nullptr, work, EngineClock::now()});
+}
+
+void Engine::enqueue(int32_t layer, Item item) {
+  Status refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    assert(layer >= 0 && layer < num_layers_ && "the rpc layer validates the layer");
+    if (stopping_) {
+      refused = Unavailable("server: shutting down, no new work accepted");
+    } else {
+      queues_[static_cast<size_t>(layer)].push_back(item);
+      ++queued_;
+      cv_.notify_one();
+      return;
+    }
+  }
+  if (item.decode) item.decode->done->work_done(refused);
+  if (item.append) item.append->done->work_done(refused);
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    paused_ = false;
+  }
+  cv_.notify_all();
+  for (auto& w : workers_)
+    if (w->thread.joinable()) w->thread.join();
+}
+
+void Engine::pause() {
+  std::lock_guard<std::mutex> lock(mu_);
+  paused_ = true;
+}
+
+void Engine::resume() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    paused_ = false;
+  }
+  cv_.notify_all();
+}
+
+Engine::Counters Engine::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+size_t Engine::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_;
+}
+
+bool Engine::take_batch(Batch& batch, EngineClock::time_point& wake) {
+  wake = EngineClock::time_point::max();
+  batch.items.clear();
+  if (paused_) return false;
+  // The layer whose head item has waited longest, among layers no worker is running.
+  int32_t best = -1;
+  for (int32_t l = 0; l < num_layers_; ++l) {
+    const auto& q = queues_[static_cast<size_t>(l)];
+    if (layer_busy_[static_cast<size_t>(l)] || q.empty()) continue;
+    if (best < 0 || q.front().enqueued < queues_[static_cast<size_t>(best)].front().enqueued) best = l;
+  }
+  if (best < 0) return false;
+  auto& q = queues_[static_cast<size_t>(best)];
+
+  batch.layer = best;
+  if (q.front().append) {
+    batch.items.push_back(q.front());
+    q.pop_front();
+  } else {
+    // The run of Decode items one launch can take: same q dtype and scale, in
+    // order (stopping at the first that does not fit keeps reservations in order).
+    const DecodeWork& head = *q.front().decode;
+    size_t n = 0;
+    int64_t sequences = 0;
+    for (const Item& it : q) {
+      if (!it.decode || it.decode->q_dtype != head.q_dtype || it.decode->scale != head.scale) break;
+      const auto b = static_cast<int64_t>(it.decode->ids.size());
+      if (n > 0 && sequences + b > options_.max_batch) break;
+      sequences += b;
+      ++n;
+    }
+    const bool room_left = n == q.size() && sequences < options_.max_batch;
+    if (room_left && options_.max_batch_wait_us > 0 && arriving_.load(std::memory_order_relaxed) > 0) {
+      const auto deadline = q.front().enqueued + std::chrono::microseconds(options_.max_batch_wait_us);
+      if (EngineClock::now() < deadline) {
+        wake = deadline;
+        return false;
+      }
+    }
+    batch.items.assign(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(n));
+    q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  layer_busy_[static_cast<size_t>(best)] = true;
+  queued_ -= batch.items.size();
+  return true;
+}
+
+void Engine::worker_loop(Worker& w) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Batch& batch = w.batch;
+  for (;;) {
+    if (stopping_ && queued_ == 0) break;
+    EngineClock::time_point wake;
+    if (!take_batch(batch, wake)) {
+      if (wake == EngineClock::time_point::max()) {
+        cv_.wait(lock);
+      } else {
+        cv_.wait_until(lock, wake);
+      }
+      continue;
+    }
+    lock.unlock();
+    if (batch.items.front().append) {
+      run_append(w, *batch.items.front().append);
+    } else {
+      run_decode_batch(w, batch.items);
+    }
+    lock.lock();
+    layer_busy_[static_cast<size_t>(batch.layer)] = false;
+    cv_.notify_all();  // this layer may have more work for any worker
+  }
+}
+
+void Engine::run_append(Worker& w, AppendWork& work) {
+  if (work.cancelled.load(std::memory_order_relaxed)) {
+    work.done->work_done(Status(StatusCode::kCancelled, "request: cancelled or past its deadline before it ran"));
+    return;
+  }
+  StatusOr<int32_t> length =
+      cache_.append(*w.stream, work.id, work.layer, work.num_tokens, work.k, work.v, work.dtype);
+  if (length.ok()) work.layer_length = *length;
+  if (observers_.cache_gauges) observers_.cache_gauges->publish();
+  work.done->work_done(length.status());
+}
+
+void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
+  const CacheGeometry& g = backend_.geometry();
+  const auto start = EngineClock::now();
+  w.launched.clear();
+  w.sources.clear();
+  const int32_t layer = items.front().decode->layer;
+  const bool appends = std::any_of(items.begin(), items.end(), [](const Item& it) { return it.decode->k != nullptr; });
+  Reservation& r = w.reservation;
+  // The layer was validated by the rpc layer; begin cannot fail on it.
+  const Status begun = cache_.begin(layer, appends, r);
+  assert(begun.ok());
+  (void)begun;
+
+  // Reserve item by item in queue order (each sees the lengths the ones before
+  // it leave); a failed item changes nothing and is answered at once.
+  for (size_t i = 0; i < items.size(); ++i) {
+    DecodeWork& d = *items[i].decode;
+    d.queue_us = micros_between(d.enqueued, start);
+    if (observers_.metrics) observers_.metrics->observe_stage(DecodeStage::kQueue, d.queue_us * 1e-6);
+    if (d.cancelled.load(std::memory_order_relaxed)) {
+      d.done->work_done(Status(StatusCode::kCancelled, "request: cancelled or past its deadline before it ran"));
+      continue;
+    }
+    ReserveRequest request;
+    request.ids = d.ids;
+    request.new_tokens_each = d.k != nullptr ? 1 : 0;
+    const Status status = cache_.reserve(r, request);
+    if (!status.ok()) {
+      d.compute_us = micros_between(start, EngineClock::now());
+      d.done->work_done(status);
+      continue;
+    }
+    w.launched.push_back(i);
+    w.sources.push_back({d.k, d.v, d.kv_dtype});
+  }
+  // Copies, K/V writes and the commit, outside the cache's lock.
+  Status status;
+  if (appends && !w.launched.empty()) status = cache_.finish(r, *w.stream, w.sources);
+  if (w.launched.empty() || !status.ok()) {
+    r.release();  // an append that did not commit rolls back whole
+    if (appends && observers_.cache_gauges) observers_.cache_gauges->publish();
+    if (!status.ok()) {
+      spdlog::error("engine: K/V write of {} requests on layer {} failed: {}", w.launched.size(), layer,
+                    status.message());
+    }
+    for (size_t i : w.launched) {
+      DecodeWork& d = *items[i].decode;
+      d.compute_us = micros_between(start, EngineClock::now());
+      d.done->work_done(status);
+    }
+    return;
+  }
+  const double append_seconds = appends ? micros_between(start, EngineClock::now()) * 1e-6 : 0.0;
+
+  const int32_t batch = r.batch();
+  const DecodeWork& head = *items[w.launched.front()].decode;
+  const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * dtype_size(head.q_dtype);
+  const size_t lse_row = static_cast<size_t>(g.num_q_heads);
+
+  DecodeLaunch launch;
+  launch.layer = layer;
+  launch.tables = r.tables();
+  launch.q_dtype = head.q_dtype;
+  launch.scale = head.scale;
+  launch.mode = options_.mode;
+  launch.split_tokens = options_.split_tokens;
+  DecodeOutputs outputs;
+
+  // A lone request reads its q and writes its results in place; a coalesced
+  // batch goes through contiguous scratch.
+  const bool alone = w.launched.size() == 1;
+  if (alone) {
+    launch.q = head.q;
+    outputs.out = head.out;
+    outputs.lse = head.lse;
+    outputs.splits = head.splits;
+  } else {
+    w.q.resize(row_bytes * static_cast<size_t>(batch));
+    w.out.resize(row_bytes * static_cast<size_t>(batch));
+    w.lse.resize(lse_row * static_cast<size_t>(batch));
+    w.splits.resize(static_cast<size_t>(batch));
+    size_t row = 0;
+    for (size_t i : w.launched) {
+      const DecodeWork& d = *items[i].decode;
+      std::memcpy(w.q.data() + row * row_bytes, d.q, d.ids.size() * row_bytes);
+      row += d.ids.size();
+    }
+    launch.q = w.q.data();
+    outputs.out = w.out.data();
+    outputs.lse = w.lse.data();
+    outputs.splits = w.splits.data();
+  }
+  status = w.stream->decode(launch, outputs);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counters_.launches;
+    counters_.sequences += static_cast<uint64_t>(batch);
+    counters_.largest_batch = std::max(counters_.largest_batch, batch);
+  }
+  if (status.ok()) observe_launch(w, items, launch, outputs, append_seconds);
+  const std::span<const int32_t> lengths = r.lengths();
+  const double compute_us = micros_between(start, EngineClock::now());
+  spdlog::trace("engine: layer {} launch of {} requests, {} sequences, {:.1f} us", layer, w.launched.size(), batch,
+                compute_us);
+  if (!status.ok()) {
+    spdlog::error("engine: backend decode of {} sequences on layer {} failed: {}", batch, layer, status.message());
+  }
+
+  size_t row = 0;
+  for (size_t i : w.launched) {
+    DecodeWork& d = *items[i].decode;
+    const size_t n = d.ids.size();
+    if (status.ok()) {
+      if (!alone) {
+        std::memcpy(d.out, w.out.data() + row * row_bytes, n * row_bytes);
+        if (d.lse) std::memcpy(d.lse, w.lse.data() + row * lse_row, n * lse_row * sizeof(float));
+        std::memcpy(d.splits, w.splits.data() + row, n * sizeof(int32_t));
+      }
+      std::memcpy(d.lengths, lengths.data() + row, n * sizeof(int32_t));
+      d.chunk_tokens = outputs.chunk_tokens;
+    }
+    d.compute_us = compute_us;
+    row += n;
+  }
+  r.release();  // blocks are unpinned before anyone is told
+  if (observers_.cache_gauges) observers_.cache_gauges->publish();
+  for (size_t i : w.launched) items[i].decode->done->work_done(status);
+}
+
+void Engine::observe_launch(Worker& w, const std::vector<Item>& items, const DecodeLaunch& launch,
+                            const DecodeOutputs& outputs, double append_seconds) {
+  const CacheGeometry& g = backend_.geometry();
+  const std::span<const int32_t> lengths = w.reservation.lengths();
+  if (Metrics* m = observers_.metrics) {
+    if (append_seconds > 0) m->observe_stage(DecodeStage::kAppend, append_seconds);
+    m->observe_stage(DecodeStage::kAttention, std::max(0.0, outputs.attention_seconds - outputs.merge_seconds));
+    m->observe_stage(DecodeStage::kMerge, outputs.merge_seconds);
+    if (outputs.transfer_seconds > 0) m->observe_stage(DecodeStage::kTransfer, outputs.transfer_seconds);
+    m->observe_batch(lengths);
+    int64_t tokens = 0;
+    for (int32_t length : lengths) tokens += length;
+    m->add_kv_read(static_cast<double>(tokens) * static_cast<double>(g.token_kv_bytes()), outputs.attention_seconds);
+  }
+  DeterminismChecker* checker = observers_.checker;
+  if (checker == nullptr || !checker->enabled()) return;
+  // The launch's reservation is alive here, so a sampled sequence's blocks are still pinned.
+  const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * dtype_size(launch.q_dtype);
+  const size_t lse_row = static_cast<size_t>(g.num_q_heads);
+  size_t row = 0;
+  for (size_t i : w.launched) {
+    const DecodeWork& d = *items[i].decode;
+    for (SequenceId id : d.ids) {
+      if (checker->should_sample()) {
+        DecodedSequence seq;
+        seq.id = id;
+        seq.layer = launch.layer;
+        seq.length = lengths[row];
+        seq.q = static_cast<const std::byte*>(launch.q) + row * row_bytes;
+        seq.q_dtype = launch.q_dtype;
+        seq.scale = launch.scale;
+        seq.out = static_cast<const std::byte*>(outputs.out) + row * row_bytes;
+        seq.lse = outputs.lse ? outputs.lse + row * lse_row : nullptr;
+        seq.splits = outputs.splits ? outputs.splits[row] : 0;
+        seq.chunk_tokens = outputs.chunk_tokens;
+        checker->submit(seq, w.reservation, static_cast<int32_t>(row));
+      }
+      ++row;
+    }
+  }
+}
+
+}  // namespace pagoda

@@ -1,0 +1,65 @@
+#pragma once
+// The units of work the rpc handlers hand to the engine. Inputs point into the
+// request's own bytes, outputs into the response's buffers; both stay alive
+// until `done` is told.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <span>
+
+#include "cache/cache_manager.h"
+#include "pagoda/status.h"
+
+namespace pagoda {
+
+using EngineClock = std::chrono::steady_clock;
+
+// Told once when its work item is done (from an engine worker thread).
+class WorkDone {
+ public:
+  virtual void work_done(const Status& status) = 0;
+
+ protected:
+  ~WorkDone() = default;
+};
+
+// One Decode request.
+struct DecodeWork {
+  int32_t layer = 0;
+  std::span<const SequenceId> ids;       // [batch], distinct
+  const void* q = nullptr;               // [batch, num_q_heads, head_dim]
+  DType q_dtype = DType::kFloat32;
+  const void* k = nullptr;               // [batch, num_kv_heads, head_dim] or null
+  const void* v = nullptr;               // [batch, num_kv_heads, head_dim] or null
+  DType kv_dtype = DType::kFloat32;
+  float scale = 0.f;                     // resolved: > 0
+  void* out = nullptr;                   // [batch, num_q_heads, head_dim], q_dtype
+  float* lse = nullptr;                  // [batch, num_q_heads] or null
+  int32_t* lengths = nullptr;            // [batch] tokens attended
+  int32_t* splits = nullptr;             // [batch] chunks per sequence
+  // Filled by the engine:
+  int32_t chunk_tokens = 0;
+  double queue_us = 0;                   // enqueue -> its batch starts
+  double compute_us = 0;                 // the batch's reservation + launch
+  EngineClock::time_point enqueued;
+  WorkDone* done = nullptr;
+  // Set when the caller gave up (cancelled, deadline passed): if the engine has
+  // not reserved yet, the item fails with CANCELLED and changes nothing.
+  std::atomic<bool> cancelled{false};
+};
+
+// One AppendKV request (run alone, in its layer's queue order).
+struct AppendWork {
+  SequenceId id = 0;
+  int32_t layer = 0;
+  int32_t num_tokens = 0;
+  const void* k = nullptr;               // [num_tokens, num_kv_heads, head_dim]
+  const void* v = nullptr;               // [num_tokens, num_kv_heads, head_dim]
+  DType dtype = DType::kFloat32;
+  int32_t layer_length = 0;              // filled: the layer's length after the append
+  WorkDone* done = nullptr;
+  std::atomic<bool> cancelled{false};    // as DecodeWork::cancelled
+};
+
+}  // namespace pagoda

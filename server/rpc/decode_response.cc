@@ -1,0 +1,45 @@
+#include "rpc/decode_response.h"
+
+#include <initializer_list>
+
+namespace pagoda {
+namespace {
+
+void set_tensor(v1::Tensor& t, DType dtype, std::initializer_list<int64_t> shape, size_t bytes) {
+  t.set_dtype(to_wire(dtype));
+  t.clear_shape();
+  for (int64_t d : shape) t.add_shape(d);
+  t.mutable_data()->resize(bytes);
+}
+
+}  // namespace
+
+void prepare_response(const v1::DecodeRequest& request, const CacheGeometry& g, DecodeWork& work,
+                      v1::DecodeResponse& response) {
+  const auto batch = static_cast<int64_t>(work.ids.size());
+  response.set_request_id(request.request_id());
+  const size_t out_bytes = static_cast<size_t>(batch) * g.num_q_heads * g.head_dim * dtype_size(work.q_dtype);
+  set_tensor(*response.mutable_output(), work.q_dtype, {batch, g.num_q_heads, g.head_dim}, out_bytes);
+  work.out = response.mutable_output()->mutable_data()->data();
+  work.lse = nullptr;
+  if (request.return_lse()) {
+    set_tensor(*response.mutable_lse(), DType::kFloat32, {batch, g.num_q_heads},
+               static_cast<size_t>(batch) * g.num_q_heads * sizeof(float));
+    work.lse = reinterpret_cast<float*>(response.mutable_lse()->mutable_data()->data());
+  }
+  response.mutable_lengths()->Resize(static_cast<int>(batch), 0);
+  response.mutable_splits()->Resize(static_cast<int>(batch), 0);
+  work.lengths = response.mutable_lengths()->mutable_data();
+  work.splits = response.mutable_splits()->mutable_data();
+}
+
+void finish_response(const DecodeWork& work, SplitMode mode, double total_us, v1::DecodeResponse& response) {
+  response.set_split_tokens(work.chunk_tokens);
+  response.set_deterministic(mode == SplitMode::kDeterministic);
+  v1::DecodeTiming& t = *response.mutable_timing();
+  t.set_queue_us(work.queue_us);
+  t.set_compute_us(work.compute_us);
+  t.set_total_us(total_us);
+}
+
+}  // namespace pagoda

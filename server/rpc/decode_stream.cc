@@ -1,0 +1,239 @@
+// DecodeStream: one bidirectional stream carries many Decode requests. Requests
+// are validated as they are read and handed to the engine; responses go out in
+// request order (one write at a time, as gRPC requires), each with its
+// request_id. A failed request is answered with DecodeResponse.error and the
+// stream carries on. At most kMaxPending requests are in flight per stream: the
+// next read waits for a write, so a fast sender cannot grow the server's memory.
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "rpc/decode_response.h"
+#include "rpc/grpc_status.h"
+#include "rpc/request_decoding.h"
+#include "rpc/service.h"
+
+namespace pagoda {
+
+class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+ public:
+  explicit DecodeStreamCall(DecodeAttentionService& service) : service_(service) {
+    service_.register_stream(this);
+    start_read();
+  }
+
+  // The server drains: answer what was read, read no more, finish UNAVAILABLE.
+  void drain() {
+    Actions act;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      draining_ = true;
+      reads_done_ = true;
+      plan_locked(act);
+    }
+    run(act);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Actions act;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        read_outstanding_ = false;
+        reads_done_ = true;
+        plan_locked(act);
+      }
+      run(act);
+      return;
+    }
+    std::unique_ptr<Slot> slot = std::move(reading_);
+    slot->received = EngineClock::now();
+    bool refuse = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Finished already (drain, nothing pending): the message is dropped and
+      // the stream's UNAVAILABLE status tells the client.
+      if (finished_) return;
+      refuse = draining_;
+    }
+    Engine& engine = service_.engine();
+    Status status = refuse ? draining_status() : Status::Ok();
+    if (status.ok()) {
+      engine.note_arriving();
+      const ServiceSettings& settings = service_.settings();
+      status = decode_request(slot->request, settings.geometry, settings.max_batch, slot->work);
+      engine.note_arrived();
+      if (status.ok()) prepare_response(slot->request, settings.geometry, slot->work, slot->response);
+    }
+    Slot* raw = slot.get();
+    Actions act;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      read_outstanding_ = false;
+      // A drain may have finished the stream while this request was validated.
+      if (finished_) return;
+      pending_.push_back(std::move(slot));
+      if (!status.ok()) fail_slot_locked(*raw, status);
+      if (!reads_done_ && pending_.size() < kMaxPending) act.read = true;
+      plan_locked(act);
+    }
+    if (status.ok()) {
+      raw->work.done = raw;
+      engine.submit(&raw->work);  // may complete (and be written) at once
+    }
+    run(act);
+  }
+
+  void OnWriteDone(bool ok) override {
+    Actions act;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      pending_.pop_front();
+      if (!ok) write_failed_ = true;  // the client is gone: finish once the engine is done
+      if (!reads_done_ && !read_outstanding_ && pending_.size() < kMaxPending) act.read = true;
+      plan_locked(act);
+    }
+    run(act);
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& slot : pending_) slot->work.cancelled.store(true, std::memory_order_relaxed);
+  }
+
+  void OnDone() override {
+    service_.unregister_stream(this);
+    delete this;
+  }
+
+ private:
+  static constexpr size_t kMaxPending = 64;
+
+  struct Slot final : public WorkDone {
+    DecodeStreamCall* call = nullptr;
+    v1::DecodeRequest request;
+    v1::DecodeResponse response;
+    DecodeWork work;
+    EngineClock::time_point received;
+    bool ready = false;
+    void work_done(const Status& status) override { call->on_work_done(*this, status); }
+  };
+
+  // gRPC operations decided under mu_ and started after it is released.
+  struct Actions {
+    bool read = false;
+    const v1::DecodeResponse* write = nullptr;
+    bool finish = false;
+    grpc::Status finish_status;
+  };
+
+  void start_read() {
+    reading_ = std::make_unique<Slot>();
+    reading_->call = this;
+    StartRead(&reading_->request);
+  }
+
+  void on_work_done(Slot& slot, const Status& status) {
+    Actions act;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (status.ok()) {
+        const double total_us =
+            std::chrono::duration<double, std::micro>(EngineClock::now() - slot.received).count();
+        finish_response(slot.work, service_.settings().mode, total_us, slot.response);
+        service_.observe_call(RpcMethod::kDecodeStream, slot.received, status);
+        slot.ready = true;
+      } else {
+        fail_slot_locked(slot, status);
+      }
+      plan_locked(act);
+    }
+    run(act);
+  }
+
+  void fail_slot_locked(Slot& slot, const Status& status) {
+    service_.observe_call(RpcMethod::kDecodeStream, slot.received, status,
+                          fmt::format("request_id={} layer={}", slot.request.request_id(), slot.request.layer()));
+    slot.response.Clear();
+    slot.response.set_request_id(slot.request.request_id());
+    slot.response.mutable_error()->set_code(static_cast<int>(status.code()));
+    slot.response.mutable_error()->set_message(status.message());
+    slot.ready = true;
+  }
+
+  // Under mu_: the next write (the oldest response, once ready) or the finish.
+  void plan_locked(Actions& act) {
+    if (finished_) {
+      act.read = false;
+      return;
+    }
+    if (act.read) read_outstanding_ = true;
+    if (write_failed_) {
+      while (!pending_.empty() && pending_.front()->ready) pending_.pop_front();
+    } else if (!writing_ && !pending_.empty() && pending_.front()->ready) {
+      writing_ = true;
+      act.write = &pending_.front()->response;
+    }
+    if (reads_done_ && pending_.empty() && !writing_) {
+      finished_ = true;
+      act.finish = true;
+      act.finish_status = draining_ ? to_grpc_status(draining_status()) : grpc::Status::OK;
+    }
+  }
+
+  void run(Actions& act) {
+    if (act.read) start_read();
+    if (act.write) StartWrite(act.write);
+    if (act.finish) Finish(act.finish_status);
+  }
+
+  DecodeAttentionService& service_;
+  std::mutex mu_;
+  std::unique_ptr<Slot> reading_;              // the slot the outstanding read fills
+  std::deque<std::unique_ptr<Slot>> pending_;  // in request order; the front is written next
+  bool read_outstanding_ = true;               // the constructor starts the first read
+  bool reads_done_ = false;                    // no more requests will be taken
+  bool writing_ = false;
+  bool write_failed_ = false;
+  bool draining_ = false;
+  bool finished_ = false;
+};
+
+grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeAttentionService::DecodeStream(
+    grpc::CallbackServerContext*) {
+  if (draining()) {
+    class Refused final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+     public:
+      explicit Refused(DecodeAttentionService& service) {
+      service.observe_call(RpcMethod::kDecodeStream, EngineClock::now(), draining_status());
+      Finish(to_grpc_status(draining_status()));
+    }
+      void OnDone() override { delete this; }
+    };
+    return new Refused(*this);
+  }
+  return new DecodeStreamCall(*this);
+}
+
+void DecodeAttentionService::register_stream(DecodeStreamCall* call) {
+  call_started();
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  streams_.insert(call);
+}
+
+void DecodeAttentionService::unregister_stream(DecodeStreamCall* call) {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  streams_.erase(call);
+  call_done();
+}
+
+void DecodeAttentionService::begin_drain() {
+  draining_.store(true, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  for (DecodeStreamCall* call : streams_) call->drain();
+}
+
+}  // namespace pagoda

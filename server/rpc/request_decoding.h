@@ -1,0 +1,36 @@
+#pragma once
+// Checks requests against the server's geometry using the request's own bytes
+// (no copy of a tensor) and turns them into engine work. This is where every
+// request field is validated; the engine, the cache manager and the backends
+// take what it produces as given. Every message names the field and the
+// expected vs. received value.
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "engine/work.h"
+#include "pagoda/paged_kv.h"
+#include "pagoda/v1/decode_attention.pb.h"
+
+namespace pagoda {
+
+// A wire tensor checked against an expected shape; data points into the message.
+struct TensorView {
+  DType dtype = DType::kFloat32;
+  const void* data = nullptr;
+  int64_t rows = 0;  // shape[0]
+};
+
+// Checks dtype (not unspecified, known), rank, every dimension of `shape` (a
+// value < 0 accepts any size >= 0 there) and the byte count.
+StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::initializer_list<int64_t> shape);
+
+// Validates a DecodeRequest and fills `work`'s inputs. `max_batch` bounds
+// sequence_ids. The outputs are pointed at the response by decode_response.h.
+Status decode_request(const v1::DecodeRequest& request, const CacheGeometry& g, int32_t max_batch,
+                      DecodeWork& work);
+
+// Validates an AppendKVRequest and fills `work`.
+Status decode_request(const v1::AppendKVRequest& request, const CacheGeometry& g, AppendWork& work);
+
+}  // namespace pagoda

@@ -1,0 +1,242 @@
+// Unary handlers of pagoda.v1.DecodeAttention (DecodeStream is in decode_stream.cc).
+#include "rpc/service.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "rpc/decode_response.h"
+#include "rpc/grpc_status.h"
+#include "rpc/request_decoding.h"
+
+namespace pagoda {
+namespace {
+
+double micros_since(EngineClock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(EngineClock::now() - t0).count();
+}
+
+// The half every engine-computed unary call shares: the call is counted from
+// construction to OnDone, a cancellation reaches the queued work item, and the
+// finish is observed once (with `what` naming the request when it failed).
+template <typename Work>
+class EngineCall : public grpc::ServerUnaryReactor, public WorkDone {
+ public:
+  void OnCancel() override { work_.cancelled.store(true, std::memory_order_relaxed); }
+  void OnDone() override {
+    service_.call_done();
+    delete this;
+  }
+
+ protected:
+  explicit EngineCall(DecodeAttentionService& service) : service_(service) { service.call_started(); }
+
+  template <typename DescribeRequest>
+  void finish_call(RpcMethod method, const Status& status, DescribeRequest describe) {
+    if (status.ok()) {
+      service_.observe_call(method, received_, status);
+    } else {
+      service_.observe_call(method, received_, status, describe());
+    }
+    Finish(to_grpc_status(status));
+  }
+
+  const EngineClock::time_point received_ = EngineClock::now();
+  DecodeAttentionService& service_;
+  Work work_;
+};
+
+// One unary Decode: validated in the handler, computed by the engine, finished
+// from the engine's thread.
+class DecodeCall final : public EngineCall<DecodeWork> {
+ public:
+  DecodeCall(DecodeAttentionService& service, const v1::DecodeRequest& request, v1::DecodeResponse& response)
+      : EngineCall(service), request_(request), response_(response) {
+    Engine& engine = service.engine();
+    engine.note_arriving();
+    const ServiceSettings& settings = service.settings();
+    const Status status = decode_request(request, settings.geometry, settings.max_batch, work_);
+    engine.note_arrived();
+    if (status.ok()) prepare_response(request, settings.geometry, work_, response);
+    if (!status.ok()) {
+      work_done(status);
+      return;
+    }
+    work_.done = this;
+    engine.submit(&work_);
+  }
+
+  void work_done(const Status& status) override {
+    if (status.ok()) finish_response(work_, service_.settings().mode, micros_since(received_), response_);
+    finish_call(RpcMethod::kDecode, status, [&] {
+      return fmt::format("request_id={} layer={}", request_.request_id(), request_.layer());
+    });
+  }
+
+ private:
+  const v1::DecodeRequest& request_;
+  v1::DecodeResponse& response_;
+};
+
+// One AppendKV: the write (and any dtype conversion) runs on the engine.
+class AppendCall final : public EngineCall<AppendWork> {
+ public:
+  AppendCall(DecodeAttentionService& service, const v1::AppendKVRequest& request, v1::AppendKVResponse& response)
+      : EngineCall(service), request_(request), response_(response) {
+    const Status status = decode_request(request, service.settings().geometry, work_);
+    if (!status.ok()) {
+      work_done(status);
+      return;
+    }
+    work_.done = this;
+    service.engine().submit(&work_);
+  }
+
+  void work_done(const Status& status) override {
+    if (status.ok()) response_.set_layer_length(work_.layer_length);
+    finish_call(RpcMethod::kAppendKV, status, [&] {
+      return fmt::format("sequence_id={} layer={}", request_.sequence_id(), request_.layer());
+    });
+  }
+
+ private:
+  const v1::AppendKVRequest& request_;
+  v1::AppendKVResponse& response_;
+};
+
+}  // namespace
+
+Status draining_status() { return Unavailable("server: draining (shutting down); send new calls to another replica"); }
+
+void DecodeAttentionService::observe_call(RpcMethod method, EngineClock::time_point received, const Status& status,
+                                          std::string_view what) {
+  const double seconds = std::chrono::duration<double>(EngineClock::now() - received).count();
+  const int code = static_cast<int>(status.code());
+  metrics_.observe_rpc(method, code, seconds);
+  if (status.ok()) return;
+  // The caller's mistakes (and refusals while draining) are warnings; the server's own failures are errors.
+  const bool server_fault = status.code() == StatusCode::kInternal;
+  spdlog::log(server_fault ? spdlog::level::err : spdlog::level::warn, "{} {}{}failed: {} {}", rpc_method_name(method),
+              what, what.empty() ? "" : " ", grpc_code_name(code), status.message());
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::finish_unary(grpc::CallbackServerContext* ctx, RpcMethod method,
+                                                               EngineClock::time_point received, const Status& status,
+                                                               std::string_view what) {
+  observe_call(method, received, status, what);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(to_grpc_status(status));
+  return reactor;
+}
+
+DecodeAttentionService::DecodeAttentionService(const ServiceSettings& settings, Backend& backend, CacheManager& cache,
+                                               Engine& engine, Metrics& metrics, CacheGauges& cache_gauges)
+    : settings_(settings),
+      backend_(backend),
+      cache_(cache),
+      engine_(engine),
+      metrics_(metrics),
+      cache_gauges_(cache_gauges) {}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServerContext* ctx,
+                                                            const v1::GetConfigRequest*,
+                                                            v1::GetConfigResponse* r) {
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kGetConfig, t0, draining_status());
+  const CacheGeometry& g = settings_.geometry;
+  r->set_num_layers(g.num_layers);
+  r->set_num_q_heads(g.num_q_heads);
+  r->set_num_kv_heads(g.num_kv_heads);
+  r->set_head_dim(g.head_dim);
+  r->set_block_size(g.block_size);
+  r->set_cache_dtype(to_wire(g.dtype));
+  r->set_total_blocks(cache_.total_blocks());
+  r->set_free_blocks(cache_.free_blocks());
+  r->set_split_tokens(settings_.split_tokens);
+  r->set_deterministic(settings_.mode == SplitMode::kDeterministic);
+  r->set_backend(backend_.name());
+  r->set_device_name(backend_.device_name());
+  r->set_version(PAGODA_VERSION);
+  r->set_max_message_bytes(settings_.max_message_bytes);
+  r->set_max_batch(settings_.max_batch);
+  r->set_max_batch_wait_us(settings_.max_batch_wait_us);
+  return finish_unary(ctx, RpcMethod::kGetConfig, t0, Status::Ok());
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::CreateSequence(grpc::CallbackServerContext* ctx,
+                                                                 const v1::CreateSequenceRequest* request,
+                                                                 v1::CreateSequenceResponse* response) {
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kCreateSequence, t0, draining_status());
+  const SequenceId id = cache_.create(request->label());
+  response->set_sequence_id(id);
+  cache_gauges_.publish();
+  spdlog::debug("CreateSequence sequence_id={} label='{}'", id, request->label());
+  return finish_unary(ctx, RpcMethod::kCreateSequence, t0, Status::Ok());
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::AppendKV(grpc::CallbackServerContext* ctx,
+                                                           const v1::AppendKVRequest* request,
+                                                           v1::AppendKVResponse* response) {
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kAppendKV, t0, draining_status());
+  return new AppendCall(*this, *request, *response);
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerContext* ctx,
+                                                         const v1::DecodeRequest* request,
+                                                         v1::DecodeResponse* response) {
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kDecode, t0, draining_status());
+  return new DecodeCall(*this, *request, *response);
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::ForkSequence(grpc::CallbackServerContext* ctx,
+                                                               const v1::ForkSequenceRequest* request,
+                                                               v1::ForkSequenceResponse* response) {
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kForkSequence, t0, draining_status());
+  StatusOr<SequenceId> id = cache_.fork(request->source_id());
+  if (id.ok()) {
+    response->set_sequence_id(*id);
+    cache_gauges_.publish();
+    spdlog::debug("ForkSequence source_id={} -> sequence_id={}", request->source_id(), *id);
+    return finish_unary(ctx, RpcMethod::kForkSequence, t0, id.status());
+  }
+  return finish_unary(ctx, RpcMethod::kForkSequence, t0, id.status(),
+                      fmt::format("source_id={}", request->source_id()));
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::FreeSequence(grpc::CallbackServerContext* ctx,
+                                                               const v1::FreeSequenceRequest* request,
+                                                               v1::FreeSequenceResponse*) {
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kFreeSequence, t0, draining_status());
+  const Status status = cache_.free(request->sequence_id());
+  if (!status.ok()) {
+    return finish_unary(ctx, RpcMethod::kFreeSequence, t0, status, fmt::format("sequence_id={}", request->sequence_id()));
+  }
+  cache_gauges_.publish();
+  spdlog::debug("FreeSequence sequence_id={}", request->sequence_id());
+  return finish_unary(ctx, RpcMethod::kFreeSequence, t0, status);
+}
+
+grpc::ServerUnaryReactor* DecodeAttentionService::GetSequence(grpc::CallbackServerContext* ctx,
+                                                              const v1::GetSequenceRequest* request,
+                                                              v1::GetSequenceResponse* response) {
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kGetSequence, t0, draining_status());
+  StatusOr<SequenceInfo> info = cache_.info(request->sequence_id());
+  if (info.ok()) {
+    response->set_sequence_id(request->sequence_id());
+    response->mutable_layer_lengths()->Add(info->layer_lengths.begin(), info->layer_lengths.end());
+    response->set_blocks_held(info->blocks_held);
+    response->set_label(info->label);
+  }
+  if (!info.ok()) {
+    return finish_unary(ctx, RpcMethod::kGetSequence, t0, info.status(),
+                        fmt::format("sequence_id={}", request->sequence_id()));
+  }
+  return finish_unary(ctx, RpcMethod::kGetSequence, t0, info.status());
+}
+
+}  // namespace pagoda

@@ -1,0 +1,102 @@
+#pragma once
+// The gRPC face of the server: pagoda.v1.DecodeAttention on the callback API.
+// Handlers validate and either answer at once (bookkeeping calls) or hand work
+// to the engine; no handler computes attention or waits on a lock held across
+// compute. This header pulls in the generated gRPC code: include it only from
+// the service and server translation units.
+
+#include <atomic>
+#include <mutex>
+#include <unordered_set>
+
+#include <grpcpp/grpcpp.h>
+
+#include "cache/cache_manager.h"
+#include "engine/engine.h"
+#include "observability/cache_gauges.h"
+#include "observability/metrics.h"
+#include "pagoda/backend.h"
+#include "pagoda/v1/decode_attention.grpc.pb.h"
+
+namespace pagoda {
+
+// What the service validates requests against and reports in GetConfig.
+struct ServiceSettings {
+  CacheGeometry geometry;
+  SplitMode mode = SplitMode::kDeterministic;
+  int32_t split_tokens = 512;
+  int32_t max_batch = 256;
+  int64_t max_batch_wait_us = 50;
+  int64_t max_message_bytes = int64_t{64} << 20;
+};
+
+class DecodeStreamCall;
+
+class DecodeAttentionService final : public v1::DecodeAttention::CallbackService {
+ public:
+  DecodeAttentionService(const ServiceSettings& settings, Backend& backend, CacheManager& cache, Engine& engine,
+                         Metrics& metrics, CacheGauges& cache_gauges);
+
+  grpc::ServerUnaryReactor* GetConfig(grpc::CallbackServerContext* ctx, const v1::GetConfigRequest* request,
+                                      v1::GetConfigResponse* response) override;
+  grpc::ServerUnaryReactor* CreateSequence(grpc::CallbackServerContext* ctx, const v1::CreateSequenceRequest* request,
+                                           v1::CreateSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* AppendKV(grpc::CallbackServerContext* ctx, const v1::AppendKVRequest* request,
+                                     v1::AppendKVResponse* response) override;
+  grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* ctx, const v1::DecodeRequest* request,
+                                   v1::DecodeResponse* response) override;
+  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* ForkSequence(grpc::CallbackServerContext* ctx, const v1::ForkSequenceRequest* request,
+                                         v1::ForkSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* FreeSequence(grpc::CallbackServerContext* ctx, const v1::FreeSequenceRequest* request,
+                                         v1::FreeSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* GetSequence(grpc::CallbackServerContext* ctx, const v1::GetSequenceRequest* request,
+                                        v1::GetSequenceResponse* response) override;
+
+  // Drain: new calls get UNAVAILABLE; open streams answer what they have read,
+  // then finish with UNAVAILABLE.
+  void begin_drain();
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+  // Decode, AppendKV and DecodeStream calls started and not yet done (the
+  // others answer within their handler).
+  int64_t active_calls() const { return active_calls_.load(std::memory_order_acquire); }
+  void call_started() { active_calls_.fetch_add(1, std::memory_order_acq_rel); }
+  void call_done() { active_calls_.fetch_sub(1, std::memory_order_acq_rel); }
+
+  const ServiceSettings& settings() const { return settings_; }
+  CacheManager& cache() { return cache_; }
+  Engine& engine() { return engine_; }
+
+  // One finished call (a DecodeStream response counts as one): its duration since
+  // `received` by method and code, and an error line when it failed. `what` names
+  // the request (e.g. "request_id=7 layer=0") for the log.
+  void observe_call(RpcMethod method, EngineClock::time_point received, const Status& status,
+                    std::string_view what = {});
+
+  // Answers a call that needs no engine work, observed as above.
+  grpc::ServerUnaryReactor* finish_unary(grpc::CallbackServerContext* ctx, RpcMethod method,
+                                         EngineClock::time_point received, const Status& status,
+                                         std::string_view what = {});
+
+ private:
+  friend class DecodeStreamCall;
+  void register_stream(DecodeStreamCall* call);
+  void unregister_stream(DecodeStreamCall* call);
+
+  const ServiceSettings settings_;
+  Backend& backend_;
+  CacheManager& cache_;
+  Engine& engine_;
+  Metrics& metrics_;
+  CacheGauges& cache_gauges_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> active_calls_{0};
+  std::mutex streams_mu_;
+  std::unordered_set<DecodeStreamCall*> streams_;
+};
+
+// The status every call gets while the server drains.
+Status draining_status();
+
+}  // namespace pagoda

@@ -42,10 +42,11 @@ unit-test: build
 check-deploy: check-deps build
 	@bash scripts/check-deploy.sh $(BUILD)/server/pagoda-server $(BUILD)/client/pagoda-cli
 
-# The kernel benchmark on the reference shape (not a test: it reports ratios).
+# The kernel benchmark on the reference shape, the CPU's best SIMD target and
+# AVX2 side by side (not a test: it reports ratios).
 bench: build
 	$(BUILD)/client/pagoda-bench kernel --batch 8 --context 4096 --q-heads 32 --kv-heads 8 \
-	  --head-dim 128 --dtype fp16 --threads 2
+	  --head-dim 128 --dtype fp16 --threads 2 --target best,avx2
 
 # The batching engine in one process, without the gRPC service.
 demo: build

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/decode_cpu.h"
+#include "kernel_report.h"
 #include "naive_decode.h"
 #include "pagoda/backend.h"
 #include "pagoda/host_convert.h"
@@ -26,22 +28,13 @@ struct KernelOptions {
   int32_t block_size = 16;
   std::string dtype = "fp16";
   std::vector<std::string> modes = {"deterministic", "fast"};
+  std::vector<std::string> targets = {"best"};
   int32_t split_tokens = 512;
   int32_t threads = 2;
   int32_t iters = 20;
+  int32_t rounds = 5;
   bool naive = true;
   bool json = false;
-};
-
-struct Row {
-  int32_t context = 0;
-  std::string mode;
-  double kernel_s = 0;      // median attention_seconds
-  double kv_bytes = 0;      // K/V bytes read per launch
-  double bandwidth = 0;     // kv_bytes / kernel_s
-  double baseline = 0;      // memory bandwidth measured in this run
-  double naive_s = 0;       // naive path, same inputs (0 when not run)
-  int32_t chunk_tokens = 0;
 };
 
 // Deterministic pseudo-random values in [-1, 1): cheap enough to fill gigabytes.
@@ -56,10 +49,43 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Fills sequence b's blocks [b * blocks_per_seq, ...) token by token through
+// the backend's own append path, and the naive path's contiguous copy.
+Status fill_cache(BackendStream& stream, const CacheGeometry& g, const KernelOptions& o, int32_t max_context,
+                  int32_t blocks_per_seq, NaiveCache* naive) {
+  const int64_t row = static_cast<int64_t>(g.num_kv_heads) * g.head_dim;
+  constexpr int32_t kTokensPerWrite = 256;
+  std::vector<float> k(kTokensPerWrite * row), v(kTokensPerWrite * row);
+  std::vector<int64_t> slots(kTokensPerWrite);
+  for (int32_t b = 0; b < o.batch; ++b) {
+    for (int32_t t0 = 0; t0 < max_context; t0 += kTokensPerWrite) {
+      const int32_t n = std::min(kTokensPerWrite, max_context - t0);
+      for (int32_t t = 0; t < n; ++t) {
+        const int32_t pos = t0 + t;
+        slots[t] = flat_slot(b * blocks_per_seq + pos / g.block_size, pos % g.block_size, g.block_size);
+        for (int64_t e = 0; e < row; ++e) {
+          const uint64_t id = ((static_cast<uint64_t>(b) * max_context + pos) * row + e) * 2;
+          k[t * row + e] = value_at(id);
+          v[t * row + e] = value_at(id + 1);
+        }
+      }
+      const KvWrite w{0, n, slots.data(), k.data(), v.data(), DType::kFloat32};
+      PAGODA_RETURN_IF_ERROR(stream.write_kv(std::span<const KvWrite>(&w, 1)));
+      if (naive != nullptr) naive->store(b, t0, n, k.data(), v.data());
+    }
+  }
+  return Status::Ok();
+}
+
 int run(const KernelOptions& o) {
   const auto dtype = parse_dtype(o.dtype);
   if (!dtype) {
     fmt::print(stderr, "pagoda-bench kernel: --dtype: expected fp32, fp16 or bf16, received '{}'\n", o.dtype);
+    return 2;
+  }
+  const bool cpu = o.backend == "cpu";
+  if (!cpu && (o.targets.size() != 1 || o.targets[0] != "best")) {
+    fmt::print(stderr, "pagoda-bench kernel: --target: expected best with --backend cuda, received a CPU target\n");
     return 2;
   }
   const int32_t max_context = *std::max_element(o.contexts.begin(), o.contexts.end());
@@ -80,38 +106,13 @@ int run(const KernelOptions& o) {
     fmt::print(stderr, "pagoda-bench kernel: {}\n", opened.status().message());
     return 1;
   }
-  BackendStream& backend = **opened;
-
-  // Sequence b owns blocks [b * blocks_per_seq, (b + 1) * blocks_per_seq), filled
-  // token by token through the backend's own append path.
-  const int64_t row = static_cast<int64_t>(g.num_kv_heads) * g.head_dim;
+  BackendStream& stream = **opened;
   NaiveCache naive_cache{g, o.batch, max_context};
-  {
-    constexpr int32_t kTokensPerWrite = 256;
-    std::vector<float> k(kTokensPerWrite * row), v(kTokensPerWrite * row);
-    std::vector<int64_t> slots(kTokensPerWrite);
-    for (int32_t b = 0; b < o.batch; ++b) {
-      for (int32_t t0 = 0; t0 < max_context; t0 += kTokensPerWrite) {
-        const int32_t n = std::min(kTokensPerWrite, max_context - t0);
-        for (int32_t t = 0; t < n; ++t) {
-          const int32_t pos = t0 + t;
-          slots[t] = flat_slot(b * blocks_per_seq + pos / g.block_size, pos % g.block_size, g.block_size);
-          for (int64_t e = 0; e < row; ++e) {
-            const uint64_t id = ((static_cast<uint64_t>(b) * max_context + pos) * row + e) * 2;
-            k[t * row + e] = value_at(id);
-            v[t * row + e] = value_at(id + 1);
-          }
-        }
-        const KvWrite w{0, n, slots.data(), k.data(), v.data(), DType::kFloat32};
-        const Status s = backend.write_kv(std::span<const KvWrite>(&w, 1));
-        if (!s.ok()) {
-          fmt::print(stderr, "pagoda-bench kernel: append: {}\n", s.message());
-          return 1;
-        }
-        if (o.naive) naive_cache.store(b, t0, n, k.data(), v.data());
-      }
-    }
+  if (Status s = fill_cache(stream, g, o, max_context, blocks_per_seq, o.naive ? &naive_cache : nullptr); !s.ok()) {
+    fmt::print(stderr, "pagoda-bench kernel: append: {}\n", s.message());
+    return 1;
   }
+
   std::vector<int32_t> indptr(o.batch + 1), ids(static_cast<size_t>(o.batch) * blocks_per_seq);
   for (int32_t b = 0; b <= o.batch; ++b) indptr[b] = b * blocks_per_seq;
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
@@ -121,83 +122,86 @@ int run(const KernelOptions& o) {
   std::vector<int32_t> splits(o.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
 
-  std::vector<Row> rows;
-  for (int32_t context : o.contexts) {
-    std::vector<int32_t> lengths(o.batch, context);
-    const double kv_bytes = static_cast<double>(o.batch) * context * g.token_kv_bytes();
-    auto baseline = backend.measure_memory_bandwidth(static_cast<int64_t>(kv_bytes));
-    if (!baseline.ok()) {
-      fmt::print(stderr, "pagoda-bench kernel: bandwidth: {}\n", baseline.status().message());
-      return 1;
-    }
-    double naive_s = 0;
-    if (o.naive) {
-      std::vector<double> times;
-      for (int32_t i = 0; i < std::max(3, o.iters / 5); ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        naive_cache.decode(q.data(), context, scale, out.data(), o.threads);
-        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  KernelReport report;
+  report.backend = (*made)->name();
+  report.device = (*made)->device_name();
+  report.geometry = g;
+  report.batch = o.batch;
+  report.split_tokens = o.split_tokens;
+  report.threads = cpu ? (*made)->num_workers() : 0;
+  for (const std::string& target : o.targets) {
+    if (cpu) {
+      if (Status s = cpu::select_simd_target(target); !s.ok()) {
+        fmt::print(stderr, "pagoda-bench kernel: {}\n", s.message());
+        return 2;
       }
-      naive_s = median(times);
     }
-    for (const std::string& mode : o.modes) {
-      DecodeLaunch launch;
-      launch.tables = {o.batch, indptr.data(), ids.data(), lengths.data()};
-      launch.q = q.data();
-      launch.scale = scale;
-      launch.mode = mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
-      launch.split_tokens = o.split_tokens;
-      DecodeOutputs d{out.data(), lse.data(), splits.data()};
-      std::vector<double> times;
-      for (int32_t i = 0; i < o.iters + 2; ++i) {
-        const Status s = backend.decode(launch, d);
-        if (!s.ok()) {
-          fmt::print(stderr, "pagoda-bench kernel: decode: {}\n", s.message());
-          return 1;
+    const std::string target_name = cpu ? cpu::simd_target_name() : "cuda";
+    // The compute roof on the same threads and target, next to the rows it bounds.
+    const double fma_peak = cpu ? cpu::measure_fma_peak(report.threads) : 0.0;
+    for (int32_t context : o.contexts) {
+      std::vector<int32_t> lengths(o.batch, context);
+      const double kv_bytes = static_cast<double>(o.batch) * context * g.token_kv_bytes();
+      double naive_s = 0;
+      if (o.naive && cpu) {
+        std::vector<double> times;
+        for (int32_t i = 0; i < std::max(3, o.iters / 5); ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          naive_cache.decode(q.data(), context, scale, out.data(), o.threads);
+          times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
-        if (i >= 2) times.push_back(d.attention_seconds);  // two warm-up launches
+        naive_s = median(times);
       }
-      Row r;
-      r.context = context;
-      r.mode = mode;
-      r.kernel_s = median(times);
-      r.kv_bytes = kv_bytes;
-      r.bandwidth = kv_bytes / r.kernel_s;
-      r.baseline = *baseline;
-      r.naive_s = naive_s;
-      r.chunk_tokens = d.chunk_tokens;
-      rows.push_back(r);
+      for (const std::string& mode : o.modes) {
+        DecodeLaunch launch;
+        launch.tables = {o.batch, indptr.data(), ids.data(), lengths.data()};
+        launch.q = q.data();
+        launch.scale = scale;
+        launch.mode = mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
+        launch.split_tokens = o.split_tokens;
+        DecodeOutputs d{out.data(), lse.data(), splits.data()};
+        // Rounds of (baseline, a few launches), so that both see the same
+        // moment of a shared machine; the medians over rounds are reported.
+        std::vector<double> times, baselines;
+        const int32_t per_round = std::max(1, o.iters / o.rounds);
+        for (int32_t i = 0; i < 2; ++i) (void)stream.decode(launch, d);  // warm-up
+        for (int32_t round = 0; round < o.rounds; ++round) {
+          auto baseline = stream.measure_memory_bandwidth(static_cast<int64_t>(kv_bytes));
+          if (!baseline.ok()) {
+            fmt::print(stderr, "pagoda-bench kernel: bandwidth: {}\n", baseline.status().message());
+            return 1;
+          }
+          baselines.push_back(*baseline);
+          std::vector<double> round_times;
+          for (int32_t i = 0; i < per_round; ++i) {
+            const Status s = stream.decode(launch, d);
+            if (!s.ok()) {
+              fmt::print(stderr, "pagoda-bench kernel: decode: {}\n", s.message());
+              return 1;
+            }
+            round_times.push_back(d.attention_seconds);
+          }
+          times.push_back(median(round_times));
+        }
+        KernelRow r;
+        r.target = target_name;
+        r.context = context;
+        r.mode = mode;
+        r.kernel_s = median(times);
+        r.kv_bytes = kv_bytes;
+        r.baseline = median(baselines);
+        r.fma_peak = fma_peak;
+        r.naive_s = naive_s;
+        r.chunk_tokens = d.chunk_tokens;
+        report.rows.push_back(r);
+      }
     }
   }
-
-  const std::string shape = fmt::format("batch {}, {} q heads, {} kv heads, head_dim {}, {} cache, block {}",
-                                        o.batch, g.num_q_heads, g.num_kv_heads, g.head_dim, dtype_name(g.dtype),
-                                        g.block_size);
+  if (cpu) (void)cpu::select_simd_target("best");
   if (o.json) {
-    fmt::print("{{\"benchmark\": \"kernel\", \"backend\": \"{}\", \"device\": \"{}\", \"batch\": {}, \"q_heads\": {}, "
-               "\"kv_heads\": {}, \"head_dim\": {}, \"dtype\": \"{}\", \"block_size\": {}, \"split_tokens\": {}, "
-               "\"rows\": [",
-               (*made)->name(), (*made)->device_name(), o.batch, g.num_q_heads, g.num_kv_heads, g.head_dim,
-               dtype_name(g.dtype), g.block_size, o.split_tokens);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      fmt::print("{}{{\"context\": {}, \"mode\": \"{}\", \"chunk_tokens\": {}, \"kernel_us\": {:.2f}, "
-                 "\"kv_gb_per_s\": {:.3f}, \"baseline_gb_per_s\": {:.3f}, \"fraction_of_baseline\": {:.4f}, "
-                 "\"naive_us\": {:.2f}, \"speedup_over_naive\": {:.3f}}}",
-                 i ? ", " : "", r.context, r.mode, r.chunk_tokens, r.kernel_s * 1e6, r.bandwidth / 1e9,
-                 r.baseline / 1e9, r.bandwidth / r.baseline, r.naive_s * 1e6,
-                 r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0);
-    }
-    fmt::print("]}}\n");
-    return 0;
-  }
-  fmt::print("pagoda-bench kernel: {} on {}\nshape: {}\n\n", (*made)->name(), (*made)->device_name(), shape);
-  fmt::print("{:>8} {:>14} {:>7} {:>11} {:>11} {:>13} {:>10} {:>11}\n", "context", "mode", "chunk", "kernel us",
-             "K/V GB/s", "baseline GB/s", "fraction", "vs naive");
-  for (const Row& r : rows) {
-    fmt::print("{:>8} {:>14} {:>7} {:>11.1f} {:>11.2f} {:>13.2f} {:>10.3f} {:>10.1f}x\n", r.context, r.mode,
-               r.chunk_tokens, r.kernel_s * 1e6, r.bandwidth / 1e9, r.baseline / 1e9, r.bandwidth / r.baseline,
-               r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0);
+    print_json(report);
+  } else {
+    print_table(report);
   }
   return 0;
 }
@@ -220,9 +224,17 @@ void add_kernel_command(CLI::App& app) {
   sub->add_option("--mode", o->modes, "deterministic, fast (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember({"deterministic", "fast"}));
+  sub->add_option("--target", o->targets,
+                  "CPU SIMD targets to run, in order (comma-separated): best (all the CPU has), avx3 (AVX-512), "
+                  "avx2")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"best", "avx3", "avx2"}));
   sub->add_option("--split-tokens", o->split_tokens, "split-KV chunk length in deterministic mode");
   sub->add_option("--threads", o->threads, "CPU backend threads (0 = all cores)");
-  sub->add_option("--iters", o->iters, "timed launches per row (median reported)")->check(CLI::Range(1, 100000));
+  sub->add_option("--iters", o->iters, "timed launches per row, spread over the rounds")->check(CLI::Range(1, 100000));
+  sub->add_option("--rounds", o->rounds, "rounds per row, each a baseline read then iters/rounds launches; "
+                                         "medians over rounds are reported")
+      ->check(CLI::Range(1, 1000));
   sub->add_flag("!--no-naive", o->naive, "skip the naive scores-materialised path");
   sub->add_flag("--json", o->json, "print one JSON object instead of the table");
   sub->callback([o] {

@@ -2,6 +2,7 @@
 // The CPU backend's classes, shared by its translation units: the backend owns
 // the pools and the thread arena; each stream owns the scratch of its launches.
 
+#include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include <cstddef>
@@ -11,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "cpu/decode_cpu.h"
 #include "pagoda/backend.h"
+#include "pagoda/key_ranges.h"
 
 namespace pagoda::cpu {
 
@@ -58,11 +61,28 @@ class CpuBackend final : public Backend {
   std::string device_name_;
 };
 
-// One work item of a launch: a chunk of one sequence for one KV head.
+// One work item of a launch: a chunk of one sequence for one KV head, and the
+// positions and query heads of that KV head it computes.
 struct WorkItem {
   int32_t seq;
   int32_t kv_head;
   int32_t chunk;
+  int32_t position_begin;
+  int32_t position_end;
+  int32_t head_begin;  // within the KV head's group
+  int32_t head_end;
+};
+
+// Where a sequence's partial states start and which chunks it launched.
+struct SequencePartials {
+  ChunkSpan chunks;
+  int64_t first_partial;  // index of (its first chunk, row 0, head 0)
+};
+
+// A 64-byte aligned float buffer that only grows.
+struct AlignedFloats {
+  std::unique_ptr<float, FreeDeleter> data;
+  int64_t size = 0;
 };
 
 class CpuStream final : public BackendStream {
@@ -76,13 +96,18 @@ class CpuStream final : public BackendStream {
   StatusOr<double> measure_memory_bandwidth(int64_t bytes) override;
 
  private:
+  // The calling thread's kernel scratch of at least `floats` floats.
+  float* thread_scratch(int64_t floats);
+
   CpuBackend& backend_;
   // A launch's scratch, reused: no allocation per call once warm.
   std::vector<WorkItem> items_;
-  std::vector<int32_t> first_item_;  // [batch + 1] items of sequence b, KV-head-major
-  std::vector<float> q32_;           // [batch, num_q_heads, head_dim] scaled by scale * log2(e)
-  std::vector<float> stats_;         // [items, group, 2] (m, l)
-  std::vector<float> accs_;          // [items, group, head_dim]
+  std::vector<SequencePartials> seqs_;   // [batch]
+  std::vector<KeyRange> ranges_;         // [rows] keys each row attends
+  std::vector<float> q32_;               // [rows, num_q_heads, head_dim] scaled
+  std::vector<float> stats_;             // [2][partial rows]: m, then l
+  std::vector<float> accs_;              // [partial rows, head_dim]
+  tbb::enumerable_thread_specific<AlignedFloats> scratch_;  // per worker thread: the kernel's
 };
 
 }  // namespace pagoda::cpu

@@ -5,64 +5,182 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include <hwy/cache_control.h>
+#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include "cpu/decode_cpu.h"
+#include "cpu/decode_tiles.h"
 #include "pagoda/softmax_state.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace pagoda::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Tokens converted to fp32 at a time: a tile of K and of V (at most
-// 16 x 256 floats each) stays in L1 while every query head of the group uses it.
-constexpr int64_t kTileTokens = 16;
-// How far ahead the next tiles' K and V are requested from memory.
-constexpr int32_t kPrefetchTiles = 2;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
 
+// Register blocking: kAccumulators accumulators, as many as the target's
+// registers hold beside the operands (16 AVX2 registers, 32 AVX-512 ones).
+// Scores: a block of rows x (kAccumulators / rows) tokens; P.V: rows x
+// (kAccumulators / rows) vectors. A group of up to kRowBlock query heads (GQA
+// <= 4 on AVX2, <= 8 on AVX-512) is one block, so each K and V element is
+// converted once, straight from the cache.
+constexpr bool kWideTarget = HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL;
+constexpr int kAccumulators = kWideTarget ? 16 : 8;
+constexpr int kRowBlock = kWideTarget ? 8 : 4;
+constexpr int score_tokens(int rows) { return kAccumulators / rows < 4 ? kAccumulators / rows : 4; }
+constexpr int pv_vectors(int rows) { return kAccumulators / rows; }
+// How far ahead of the reads lines are requested from memory, in rows (8 KiB
+// of fp16 rows at head_dim 128: measured best between 24 and 48 rows here).
+constexpr int64_t kPrefetchRows = 32;
+
+// One vector of a row, as fp32: converted in registers for a 16-bit cache.
 template <typename T>
-HWY_INLINE void load_tile(const T* HWY_RESTRICT src, float* HWY_RESTRICT dst, int64_t n) {
-  const hn::ScalableTag<float> df;
-  const hn::Rebind<T, decltype(df)> dt;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  for (int64_t i = 0; i < n; i += lanes) hn::Store(hn::PromoteTo(df, hn::LoadU(dt, src + i)), df, dst + i);
-}
-
-HWY_INLINE void load_tile(const float* HWY_RESTRICT src, float* HWY_RESTRICT dst, int64_t n) {
-  const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  for (int64_t i = 0; i < n; i += lanes) hn::Store(hn::LoadU(df, src + i), df, dst + i);
-}
-
-// q . k over kD elements. a: any alignment (a query row); b: vector-aligned (a
-// tile row). Four independent chains: kD is a multiple of 4 vectors on every
-// x86 target (64 = 4 x 16 lanes at most).
-template <int kD>
-HWY_INLINE float dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b) {
-  const hn::ScalableTag<float> df;
-  constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
-  auto s0 = hn::Zero(df), s1 = hn::Zero(df), s2 = hn::Zero(df), s3 = hn::Zero(df);
-  int64_t i = 0;
-  for (; i + 4 * kLanes <= kD; i += 4 * kLanes) {
-    s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::Load(df, b + i), s0);
-    s1 = hn::MulAdd(hn::LoadU(df, a + i + kLanes), hn::Load(df, b + i + kLanes), s1);
-    s2 = hn::MulAdd(hn::LoadU(df, a + i + 2 * kLanes), hn::Load(df, b + i + 2 * kLanes), s2);
-    s3 = hn::MulAdd(hn::LoadU(df, a + i + 3 * kLanes), hn::Load(df, b + i + 3 * kLanes), s3);
+HWY_INLINE VF load_f32(const T* HWY_RESTRICT p) {
+  const DF df;
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::Load(df, p);
+  } else {
+    const hn::Rebind<T, DF> dt;
+    return hn::PromoteTo(df, hn::LoadU(dt, p));
   }
-  for (; i < kD; i += kLanes) s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::Load(df, b + i), s0);
-  return hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
 }
 
-// 2^x for x <= 0 (a score minus its running max), vectorised: Highway 1.0.3 has
+// ---- scores ------------------------------------------------------------------
+
+// The lane sums of a0..a3 in lanes 0..3 of one 128-bit vector. Pairs of lanes
+// are added inside each 128-bit block first (two interleaves), then the blocks:
+// every input's lanes go through the same tree whatever the other inputs are,
+// so a score has the same bits wherever it sits in a block.
+#if HWY_TARGET != HWY_SCALAR
+template <class D = DF, class V = hn::Vec<D>>
+HWY_INLINE hn::Vec<hn::Full128<float>> lane_sums4(V a0, V a1, V a2, V a3) {
+  const D df;
+  const hn::Repartition<uint64_t, D> du;
+  const V s01 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
+  const V s23 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
+  const V u = hn::Add(hn::BitCast(df, hn::InterleaveLower(du, hn::BitCast(du, s01), hn::BitCast(du, s23))),
+                      hn::BitCast(df, hn::InterleaveUpper(du, hn::BitCast(du, s01), hn::BitCast(du, s23))));
+  const hn::Full128<float> d4;
+  if constexpr (hn::MaxLanes(D()) == 4) {
+    return u;
+  } else if constexpr (hn::MaxLanes(D()) == 8) {
+    return hn::Add(hn::LowerHalf(d4, u), hn::UpperHalf(d4, u));
+  } else {
+    const hn::Half<D> d8;
+    const auto h = hn::Add(hn::LowerHalf(d8, u), hn::UpperHalf(d8, u));
+    return hn::Add(hn::LowerHalf(d4, h), hn::UpperHalf(d4, h));
+  }
+}
+#endif
+
+// Stores the lane sums of acc (kRows x kTokens accumulators) to out[r][0 .. n).
+template <int kRows, int kTokens>
+HWY_INLINE void store_scores(VF (&acc)[kRows][kTokens], float* const* HWY_RESTRICT out, int64_t t, int64_t n) {
+#if HWY_TARGET == HWY_SCALAR
+  for (int r = 0; r < kRows; ++r)
+    for (int64_t j = 0; j < n; ++j) out[r][t + j] = hn::GetLane(acc[r][j]);
+#else
+  const hn::Full128<float> d4;
+  HWY_ALIGN float tail[4];
+  if constexpr (kTokens == 4) {
+    for (int r = 0; r < kRows; ++r) {
+      const auto s = lane_sums4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      if (HWY_LIKELY(n == 4)) {
+        hn::StoreU(s, d4, out[r] + t);
+      } else {
+        hn::Store(s, d4, tail);
+        std::memcpy(out[r] + t, tail, static_cast<size_t>(n) * sizeof(float));
+      }
+    }
+  } else if constexpr (kTokens == 2) {
+    static_assert(kRows % 2 == 0 || kRows == 1, "rows pair up two tokens at a time");
+    if constexpr (kRows == 1) {
+      const auto s = lane_sums4(acc[0][0], acc[0][1], acc[0][0], acc[0][1]);
+      hn::Store(s, d4, tail);
+      std::memcpy(out[0] + t, tail, static_cast<size_t>(n) * sizeof(float));
+    } else {
+      const hn::Half<decltype(d4)> d2;
+      for (int r = 0; r < kRows; r += 2) {
+        const auto s = lane_sums4(acc[r][0], acc[r][1], acc[r + 1][0], acc[r + 1][1]);
+        if (HWY_LIKELY(n == 2)) {
+          hn::StoreU(hn::LowerHalf(d2, s), d2, out[r] + t);
+          hn::StoreU(hn::UpperHalf(d2, s), d2, out[r + 1] + t);
+        } else {
+          hn::Store(s, d4, tail);
+          out[r][t] = tail[0];
+          out[r + 1][t] = tail[2];
+        }
+      }
+    }
+  }
+#endif
+}
+
+// out[r][t] = q[r] . k[t] for kRows rows and the n rows of `k` (contiguous
+// [n][kD] of T: a run of the cache, or a converted tile), score_tokens(kRows)
+// tokens per step: each loaded K vector feeds kRows FMAs, each loaded q vector
+// one per token of the step, and one horizontal tree per four scores remains.
+// kLinesPerToken > 0: that many cache lines per token are requested as it goes.
+template <typename T, int kD, int kRows, int kTok, int64_t kLinesPerToken>
+HWY_INLINE void score_step(const float* HWY_RESTRICT const* qr, const T* HWY_RESTRICT const* kt,
+                           float* const* HWY_RESTRICT out, int64_t t, int64_t count, LinePrefetch& prefetch) {
+  const DF df;
+  constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
+  constexpr int64_t kVecs = kD / kLanes;
+  if constexpr (kLinesPerToken > 0) prefetch.step<kTok * kLinesPerToken>();
+  VF acc[kRows][kTok];
+  {
+    VF x[kTok];
+    for (int j = 0; j < kTok; ++j) x[j] = load_f32(kt[j]);
+    for (int r = 0; r < kRows; ++r) {
+      const VF qv = hn::LoadU(df, qr[r]);
+      for (int j = 0; j < kTok; ++j) acc[r][j] = hn::Mul(qv, x[j]);
+    }
+  }
+  for (int64_t v = 1; v < kVecs; ++v) {
+    VF x[kTok];
+    for (int j = 0; j < kTok; ++j) x[j] = load_f32(kt[j] + v * kLanes);
+    for (int r = 0; r < kRows; ++r) {
+      const VF qv = hn::LoadU(df, qr[r] + v * kLanes);
+      for (int j = 0; j < kTok; ++j) acc[r][j] = hn::MulAdd(qv, x[j], acc[r][j]);
+    }
+  }
+  store_scores<kRows, kTok>(acc, out, t, count);
+}
+
+template <typename T, int kD, int kRows, int64_t kLinesPerToken>
+HWY_NOINLINE void score_rows(const float* const* HWY_RESTRICT q, const T* HWY_RESTRICT k, int64_t n,
+                             float* const* HWY_RESTRICT out, LinePrefetch& prefetch) {
+  constexpr int kTok = score_tokens(kRows);
+  const float* HWY_RESTRICT qr[kRows];
+  for (int r = 0; r < kRows; ++r) qr[r] = q[r];
+  const T* HWY_RESTRICT kt[kTok];
+  int64_t t = 0;
+  for (; t + kTok <= n; t += kTok) {
+    for (int j = 0; j < kTok; ++j) kt[j] = k + (t + j) * kD;
+    score_step<T, kD, kRows, kTok, kLinesPerToken>(qr, kt, out, t, kTok, prefetch);
+  }
+  if (t < n) {
+    // A tail shorter than a step repeats the last token; its scores are dropped.
+    for (int j = 0; j < kTok; ++j) kt[j] = k + std::min<int64_t>(t + j, n - 1) * kD;
+    score_step<T, kD, kRows, kTok, kLinesPerToken>(qr, kt, out, t, n - t, prefetch);
+  }
+}
+
+// 2^x for x <= 0 (a score minus its row max), vectorised: Highway 1.0.3 has
 // no Exp2. x = n + f with f in [-0.5, 0.5]; 2^f from its degree-7 Taylor series
 // (truncation 5e-9, below fp32 rounding); 2^n built in the exponent bits.
-// Terms under 2^-126 of the row max, and -inf (padding), give exactly 0.
-template <class D, class V>
-HWY_INLINE V exp2_nonpositive(D d, V x) {
-  const hn::RebindToSigned<D> di;
+// Terms under 2^-126 of the row max, and -inf (masked keys), give exactly 0.
+HWY_INLINE VF exp2_nonpositive(VF x) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
   const auto underflow = hn::Lt(x, hn::Set(d, -126.f));
   x = hn::Max(x, hn::Set(d, -126.f));
   const auto n = hn::NearestInt(x);
@@ -79,147 +197,251 @@ HWY_INLINE V exp2_nonpositive(D d, V x) {
   return hn::IfThenZeroElse(underflow, hn::Mul(p, scale));
 }
 
-// Tiles of one KV head are 4 KiB pieces one block stride apart, which the
-// hardware prefetcher does not follow. The next tiles' lines are requested a
-// few at a time, spread over the compute of the current tile: a burst of a
-// whole tile's prefetches stalls the core on its fill buffers instead of
-// overlapping with the arithmetic.
-class TilePrefetch {
- public:
-  // Queues the lines of one tile (K and V, `bytes` each), finishing the last one.
-  void start(const void* k, const void* v, int64_t bytes, int64_t steps) {
-    step(std::numeric_limits<int64_t>::max());
-    k_ = static_cast<const uint8_t*>(k);
-    v_ = static_cast<const uint8_t*>(v);
-    end_ = bytes;
-    next_ = 0;
-    per_step_ = std::max<int64_t>(1, ((bytes + 63) / 64 + steps - 1) / steps);
-  }
-  void step() { step(per_step_); }
-
- private:
-  void step(int64_t lines) {
-    for (; lines > 0 && next_ < end_; --lines, next_ += 64) {
-      hwy::Prefetch(k_ + next_);
-      hwy::Prefetch(v_ + next_);
+// Row scores s[first, end) (relative to the sub-block) become softmax weights
+// 2^(s - m) in place; returns the row's (m, l). Lanes hold fixed positions:
+// the loop runs over the vectors that cover [first, end), the lanes outside it
+// are set to -inf (weight 0), so a row has these bits whatever other rows or
+// positions its task holds. soft_cap > 0: s = cap * tanh(s / cap) * log2(e) first.
+HWY_INLINE SoftmaxStats<float> softmax_row(float* HWY_RESTRICT s, int64_t first, int64_t end, float soft_cap) {
+  const DF df;
+  constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
+  SoftmaxStats<float> st;
+  if (first >= end) return st;
+  const int64_t lo = first / kLanes * kLanes;
+  const int64_t hi = (end + kLanes - 1) / kLanes * kLanes;
+  if (soft_cap > 0.f) {
+    const VF inv_cap = hn::Set(df, 1.f / soft_cap);
+    const VF cap_log2 = hn::Set(df, soft_cap * static_cast<float>(kLog2e));
+    for (int64_t i = lo; i < hi; i += kLanes) {
+      hn::Store(hn::Mul(cap_log2, hn::Tanh(df, hn::Mul(hn::Load(df, s + i), inv_cap))), df, s + i);
     }
   }
-
-  const uint8_t* k_ = nullptr;
-  const uint8_t* v_ = nullptr;
-  int64_t end_ = 0;
-  int64_t next_ = 0;
-  int64_t per_step_ = 1;
-};
-
-// Position of the tile that starts at token `pos` of the chunk [pos, end).
-struct TileSpan {
-  int64_t offset;  // element offset of its first token in the layer's pool
-  int64_t tokens;
-};
-
-HWY_INLINE TileSpan tile_at(const PartialTask& t, int64_t pos) {
-  const CacheGeometry& g = *t.geometry;
-  const int32_t block = t.blocks[pos / g.block_size];
-  const auto slot = static_cast<int32_t>(pos % g.block_size);
-  const int64_t in_block = std::min<int64_t>(g.block_size - slot, t.end - pos);
-  return {g.element_offset(0, block, t.kv_head, slot), std::min(in_block, kTileTokens)};
+  for (int64_t i = lo; i < first; ++i) s[i] = neg_inf<float>();
+  for (int64_t i = end; i < hi; ++i) s[i] = neg_inf<float>();
+  VF vmax = hn::Load(df, s + lo);
+  for (int64_t i = lo + kLanes; i < hi; i += kLanes) vmax = hn::Max(vmax, hn::Load(df, s + i));
+  st.m = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  if (st.m == neg_inf<float>()) return {};
+  const VF vm = hn::Set(df, st.m);
+  VF vsum = hn::Zero(df);
+  for (int64_t i = lo; i < hi; i += kLanes) {
+    const VF p = exp2_nonpositive(hn::Sub(hn::Load(df, s + i), vm));
+    hn::Store(p, df, s + i);
+    vsum = hn::Add(vsum, p);
+  }
+  st.l = hn::GetLane(hn::SumOfLanes(df, vsum));
+  return st;
 }
 
-// Folds one tile of n tokens into the states of every query head of the group.
-// kN = n when known at compile time (full tiles: loops unroll, scores stay in
-// registers), 0 for the partial tiles at block and chunk edges.
-// kD = head_dim: the accumulator of one head lives in registers.
-template <int kD, int kN>
-HWY_INLINE void update_heads(const PartialTask& t, const float* HWY_RESTRICT k_tile,
-                             const float* HWY_RESTRICT v_tile, float* HWY_RESTRICT scores, int64_t n_runtime,
-                             TilePrefetch& prefetch) {
-  const hn::ScalableTag<float> df;
+// ---- P.V -----------------------------------------------------------------------
+
+// acc[r] += sum over t in [a, b) of p[r][t] * v[t], for kRows rows and all of kD
+// in steps of pv_vectors(kRows) vectors (v: contiguous [..][kD] of T). Each loaded V
+// vector feeds kRows FMAs; the weights are broadcast from memory. Tokens go in
+// order, one FMA chain per (row, vector): the bits depend on the row's own
+// keys only. `lines` cache lines per token are requested, spread over the steps.
+template <typename T, int kD, int kRows>
+HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, const T* HWY_RESTRICT v, int64_t a, int64_t b,
+                                  float* const* HWY_RESTRICT acc, LinePrefetch& prefetch, int64_t lines) {
+  const DF df;
   constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
   constexpr int64_t kVecs = kD / kLanes;
-  const int64_t lanes = kLanes;
-  const int64_t n = kN ? kN : n_runtime;
-  const int64_t padded = (n + lanes - 1) / lanes * lanes;
-  constexpr int64_t d = kD;
-  const int32_t group = t.geometry->group_size();
-  for (int32_t h = 0; h < group; ++h) {
-    const float* q = t.q + h * d;
-    for (int64_t j = 0; j < n; ++j) {
-      prefetch.step();
-      scores[j] = dot<kD>(q, k_tile + j * d);
+  constexpr int64_t kStep = pv_vectors(kRows) < kVecs ? pv_vectors(kRows) : kVecs;
+  static_assert(kVecs % kStep == 0, "P.V steps must tile head_dim");
+  const int64_t lines_per_step = (lines * (b - a) * kStep + kVecs - 1) / kVecs;
+  const float* HWY_RESTRICT pr[kRows];
+  for (int r = 0; r < kRows; ++r) pr[r] = p[r];
+  for (int64_t v0 = 0; v0 < kVecs; v0 += kStep) {
+    if (lines_per_step > 0) prefetch.step(lines_per_step);
+    VF sum[kRows][kStep];
+    for (int r = 0; r < kRows; ++r)
+      for (int64_t c = 0; c < kStep; ++c) sum[r][c] = hn::Load(df, acc[r] + (v0 + c) * kLanes);
+    const T* HWY_RESTRICT row = v + a * kD + v0 * kLanes;
+#pragma GCC unroll 2
+    for (int64_t t = a; t < b; ++t, row += kD) {
+      VF x[kStep];
+      for (int64_t c = 0; c < kStep; ++c) x[c] = load_f32(row + c * kLanes);
+      for (int r = 0; r < kRows; ++r) {
+        const VF w = hn::Set(df, pr[r][t]);
+        for (int64_t c = 0; c < kStep; ++c) sum[r][c] = hn::MulAdd(w, x[c], sum[r][c]);
+      }
     }
-    for (int64_t j = n; j < padded; ++j) scores[j] = neg_inf<float>();
-    auto vmax = hn::Load(df, scores);
-    for (int64_t j = lanes; j < padded; j += lanes) vmax = hn::Max(vmax, hn::Load(df, scores + j));
-    const float m_new = std::max(t.m[h], hn::GetLane(hn::MaxOfLanes(df, vmax)));
-    const float c = rescale_factor(t.m[h], m_new);
-    const auto vm = hn::Set(df, m_new);
-    auto vsum = hn::Zero(df);
-    for (int64_t j = 0; j < padded; j += lanes) {
-      const auto p = exp2_nonpositive(df, hn::Sub(hn::Load(df, scores + j), vm));
-      hn::Store(p, df, scores + j);
-      vsum = hn::Add(vsum, p);
-    }
-    t.m[h] = m_new;
-    t.l[h] = t.l[h] * c + hn::GetLane(hn::SumOfLanes(df, vsum));
-
-    // acc = acc * c + sum_j p_j v_j with acc in registers: one broadcast of p_j
-    // feeds kVecs independent FMA chains.
-    float* acc = t.acc + h * d;
-    const auto vc = hn::Set(df, c);
-    hn::Vec<decltype(df)> a[kVecs];
-    for (int64_t v = 0; v < kVecs; ++v) a[v] = hn::Mul(hn::LoadU(df, acc + v * kLanes), vc);
-    for (int64_t j = 0; j < n; ++j) {
-      const auto p = hn::Set(df, scores[j]);
-      for (int64_t v = 0; v < kVecs; ++v) a[v] = hn::MulAdd(p, hn::Load(df, v_tile + j * d + v * kLanes), a[v]);
-    }
-    for (int64_t v = 0; v < kVecs; ++v) hn::StoreU(a[v], df, acc + v * kLanes);
+    for (int r = 0; r < kRows; ++r)
+      for (int64_t c = 0; c < kStep; ++c) hn::Store(sum[r][c], df, acc[r] + (v0 + c) * kLanes);
   }
+}
+
+// ---- the task ------------------------------------------------------------------
+
+// Rows [pos, pos + n) into `tile` ([n][kD] fp32), run by run: the rows of one
+// block are contiguous, so each run converts (or, for an fp32 cache, copies)
+// as one stream. Used when several row blocks share the rows.
+template <typename T, int kD>
+HWY_NOINLINE void load_tile(const PoolRows& src, int64_t pos, int64_t n, float* HWY_RESTRICT tile) {
+  const DF df;
+  constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
+  const int64_t end = pos + n;
+  while (pos < end) {
+    int64_t rows = 0;
+    const T* HWY_RESTRICT in = reinterpret_cast<const T*>(src.run(pos, end, &rows));
+    for (int64_t r = 0; r < rows; ++r, in += kD, tile += kD) {
+      for (int64_t i = 0; i < kD; i += kLanes) hn::Store(load_f32(in + i), df, tile + i);
+    }
+    pos += rows;
+  }
+}
+
+// Calls fn(std::integral_constant<int, kRows>, first) for blocks of up to
+// kRowBlock rows covering [0, count): the largest blocks first, then a 4, a 2
+// and a 1 as needed.
+template <typename Fn>
+HWY_INLINE void for_row_blocks(int32_t count, const Fn& fn) {
+  int32_t r = 0;
+  if constexpr (kRowBlock == 8) {
+    for (; r + 8 <= count; r += 8) fn(std::integral_constant<int, 8>(), r);
+    if (r + 4 <= count) {
+      fn(std::integral_constant<int, 4>(), r);
+      r += 4;
+    }
+  } else {
+    for (; r + 4 <= count; r += 4) fn(std::integral_constant<int, 4>(), r);
+  }
+  if (r + 2 <= count) {
+    fn(std::integral_constant<int, 2>(), r);
+    r += 2;
+  }
+  if (r < count) fn(std::integral_constant<int, 1>(), r);
 }
 
 template <typename T, int kD>
 void partial_impl(const PartialTask& t) {
   const CacheGeometry& g = *t.geometry;
-  const int32_t group = g.group_size();
-  constexpr int64_t d = kD;
+  const int32_t rows = t.positions * t.heads;
+  constexpr int64_t kTile = tile_tokens(kD);
 
-  HWY_ALIGN float k_tile[kTileTokens * 256];
-  HWY_ALIGN float v_tile[kTileTokens * 256];
-  // Scores of one head over the tile, padded with -inf to whole vectors.
-  HWY_ALIGN float scores[64];  // >= kTileTokens rounded up to any target's lane count
+  // Scratch: scores [rows][kSubBlockTokens] | sub-block acc [rows][kD] | tile [kTile][kD].
+  float* scores = t.scratch;
+  float* sub_acc = scores + static_cast<int64_t>(rows) * kSubBlockTokens;
+  float* tile = sub_acc + static_cast<int64_t>(rows) * kD;
 
-  for (int32_t h = 0; h < group; ++h) {
-    t.m[h] = neg_inf<float>();
-    t.l[h] = 0.f;
-    for (int64_t i = 0; i < d; ++i) t.acc[h * d + i] = 0.f;
+  // Row r = (position, head) of the task writes its state at out(r).
+  auto out = [&](int32_t r) { return r / t.heads * t.out_position_stride + r % t.heads; };
+  for (int32_t r = 0; r < rows; ++r) {
+    t.m[out(r)] = neg_inf<float>();
+    t.l[out(r)] = 0.f;
+    std::fill(t.acc + out(r) * kD, t.acc + (out(r) + 1) * kD, 0.f);
   }
+  const ReadPlan plan(t);
+  if (plan.empty()) return;
+  const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(T));
+  const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T));
+  constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
+  const int64_t lines_per_row = kLinesPerRow;
+  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * lines_per_row);
+  // One row block reads the cache directly; more share a converted tile.
+  const bool direct_k = rows <= kRowBlock;
+  const bool direct_v = t.heads <= kRowBlock && t.positions == 1;
 
-  const auto* k_base = static_cast<const T*>(t.k_layer);
-  const auto* v_base = static_cast<const T*>(t.v_layer);
-  // The tile kPrefetchTiles ahead is requested while this one is computed, one
-  // step per (token, head) of the score loop.
-  TilePrefetch prefetch;
-  int64_t ahead = t.begin;
-  for (int32_t i = 0; i < kPrefetchTiles && ahead < t.end; ++i) ahead += tile_at(t, ahead).tokens;
-  for (int64_t pos = t.begin; pos < t.end;) {
-    const TileSpan tile = tile_at(t, pos);
-    const int64_t n = tile.tokens;
-    if (ahead < t.end) {
-      const TileSpan span = tile_at(t, ahead);
-      prefetch.start(k_base + span.offset, v_base + span.offset,
-                     span.tokens * d * static_cast<int64_t>(sizeof(T)), n * group);
-      ahead += span.tokens;
-    }
-    // The tile's tokens are contiguous: [n][head_dim] inside one block and head.
-    load_tile(k_base + tile.offset, k_tile, n * d);
-    load_tile(v_base + tile.offset, v_tile, n * d);
+  const float* q_rows[kRowBlock];
+  float* outs[kRowBlock];
+  const float* p_rows[kRowBlock];
+  float* acc_rows[kRowBlock];
+  SoftmaxStats<float> stats[kMaxTaskRows];
 
-    if (n == kTileTokens) {
-      update_heads<kD, kTileTokens>(t, k_tile, v_tile, scores, n, prefetch);
-    } else {
-      update_heads<kD, 0>(t, k_tile, v_tile, scores, n, prefetch);
+  for (int64_t sb = plan.first_sub_block(); sb < plan.end_sub_block(); ++sb) {
+    const int64_t base = t.chunk_begin + sb * kSubBlockTokens;  // scores index = position - base
+    const ReadPlan::Span span = plan.sub_block(sb);
+
+    // Pass 1: every row's scores over the sub-block's keys, run by run (direct)
+    // or one tile at a time (shared by several row blocks).
+    for (int64_t pos = span.begin; pos < span.end;) {
+      int64_t n = 0;
+      const void* keys = nullptr;
+      if (direct_k) {
+        keys = k_src.run(pos, span.end, &n);
+      } else {
+        n = std::min(kTile, span.end - pos);
+        load_tile<T, kD>(k_src, pos, n, tile);
+        keys = tile;
+      }
+      prefetch.consumed(n * lines_per_row);
+      // The first row block requests this stretch's worth of lines as it goes.
+      bool first_block = true;
+      for_row_blocks(rows, [&](auto block, int32_t r0) {
+        constexpr int kRows = decltype(block)::value;
+        for (int j = 0; j < kRows; ++j) {
+          const int32_t r = r0 + j;
+          q_rows[j] = t.q + r / t.heads * t.q_position_stride + r % t.heads * kD;
+          outs[j] = scores + static_cast<int64_t>(r) * kSubBlockTokens + (pos - base);
+        }
+        if (direct_k) {
+          score_rows<T, kD, kRows, kLinesPerRow>(q_rows, static_cast<const T*>(keys), n, outs, prefetch);
+        } else if (first_block) {
+          score_rows<float, kD, kRows, kLinesPerRow>(q_rows, static_cast<const float*>(keys), n, outs, prefetch);
+        } else {
+          score_rows<float, kD, kRows, 0>(q_rows, static_cast<const float*>(keys), n, outs, prefetch);
+        }
+        first_block = false;
+      });
+      prefetch.catch_up();
+      pos += n;
     }
-    pos += n;
+    // Each position's keys in this sub-block, and its rows' weights.
+    for (int32_t p = 0; p < t.positions; ++p) {
+      const ReadPlan::Span keys = plan.keys_of(p, sb);
+      for (int32_t h = 0; h < t.heads; ++h) {
+        const int32_t r = p * t.heads + h;
+        stats[r] = softmax_row(scores + static_cast<int64_t>(r) * kSubBlockTokens, keys.begin - base, keys.end - base,
+                               t.soft_cap);
+        if (stats[r].m != neg_inf<float>()) {
+          std::fill(sub_acc + static_cast<int64_t>(r) * kD, sub_acc + static_cast<int64_t>(r + 1) * kD, 0.f);
+        }
+      }
+    }
+    // Pass 2: P.V, each position over its own keys.
+    for (int64_t pos = span.begin; pos < span.end;) {
+      int64_t n = 0;
+      const void* values = nullptr;
+      if (direct_v) {
+        values = v_src.run(pos, span.end, &n);
+      } else {
+        n = std::min(kTile, span.end - pos);
+        load_tile<T, kD>(v_src, pos, n, tile);
+        values = tile;
+      }
+      prefetch.consumed(n * lines_per_row);
+      int64_t step_lines = lines_per_row;  // per token, in the first P.V call of the stretch
+      for (int32_t p = 0; p < t.positions; ++p) {
+        const ReadPlan::Span keys = plan.keys_of(p, sb);
+        const int64_t a = std::max(keys.begin, pos) - pos;
+        const int64_t b = std::min(keys.end, pos + n) - pos;
+        if (a >= b) continue;
+        for_row_blocks(t.heads, [&](auto block, int32_t h0) {
+          constexpr int kRows = decltype(block)::value;
+          for (int j = 0; j < kRows; ++j) {
+            const int32_t r = p * t.heads + h0 + j;
+            p_rows[j] = scores + static_cast<int64_t>(r) * kSubBlockTokens + (pos - base);
+            acc_rows[j] = sub_acc + static_cast<int64_t>(r) * kD;
+          }
+          if (direct_v) {
+            accumulate_rows<T, kD, kRows>(p_rows, static_cast<const T*>(values), a, b, acc_rows, prefetch, step_lines);
+          } else {
+            accumulate_rows<float, kD, kRows>(p_rows, static_cast<const float*>(values), a, b, acc_rows, prefetch,
+                                              step_lines);
+          }
+          step_lines = 0;
+        });
+      }
+      prefetch.catch_up();
+      pos += n;
+    }
+    // The sub-block's states join the task's, sub-blocks in position order.
+    for (int32_t r = 0; r < rows; ++r) {
+      SoftmaxStats<float> running{t.m[out(r)], t.l[out(r)]};
+      merge_into(running, t.acc + out(r) * kD, stats[r], sub_acc + static_cast<int64_t>(r) * kD, kD);
+      t.m[out(r)] = running.m;
+      t.l[out(r)] = running.l;
+    }
   }
 }
 
@@ -232,7 +454,7 @@ void partial_for_dtype(const PartialTask& t) {
   }
 }
 
-// One flat switch over head_dim; the backend validated it (64, 128 or 256).
+// One flat switch over head_dim; the geometry was validated (geometry_rules.h).
 void ComputePartial(const PartialTask& t) {
   switch (t.geometry->head_dim) {
     case 64: return partial_for_dtype<64>(t);
@@ -240,6 +462,28 @@ void ComputePartial(const PartialTask& t) {
     case 256: return partial_for_dtype<256>(t);
     default: HWY_ABORT("head_dim %d reached the CPU kernel unvalidated", t.geometry->head_dim);
   }
+}
+
+// Independent FMA chains in registers, enough to cover the FMA latency on two
+// ports (4 cycles x 2), over a loop long enough to time.
+double FmaPeakOneThread() {
+  const DF df;
+  constexpr int kChains = 12;
+  constexpr int64_t kIters = 1 << 22;
+  VF a[kChains];
+  for (int i = 0; i < kChains; ++i) a[i] = hn::Set(df, 1.f + 1e-7f * static_cast<float>(i));
+  const VF m = hn::Set(df, 0.999999f);
+  const VF c = hn::Set(df, 1e-7f);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t it = 0; it < kIters; ++it) {
+    for (int i = 0; i < kChains; ++i) a[i] = hn::MulAdd(a[i], m, c);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  VF sum = a[0];
+  for (int i = 1; i < kChains; ++i) sum = hn::Add(sum, a[i]);
+  volatile float sink = hn::GetLane(sum);
+  (void)sink;
+  return 2.0 * static_cast<double>(hn::Lanes(df)) * kChains * static_cast<double>(kIters) / s;
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
@@ -251,10 +495,12 @@ HWY_AFTER_NAMESPACE();
 namespace pagoda::cpu {
 
 HWY_EXPORT(ComputePartial);
+HWY_EXPORT(FmaPeakOneThread);
 HWY_EXPORT(TargetName);
 
 void compute_partial(const PartialTask& task) { HWY_DYNAMIC_DISPATCH(ComputePartial)(task); }
 const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+double fma_peak_one_thread() { return HWY_DYNAMIC_DISPATCH(FmaPeakOneThread)(); }
 
 }  // namespace pagoda::cpu
 #endif

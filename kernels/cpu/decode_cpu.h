@@ -1,32 +1,92 @@
 #pragma once
 // The CPU split-KV kernel for one work item: the partial online-softmax states of
-// all query heads of one KV head's group over one chunk of one sequence. SIMD
-// through Highway, dispatched at run time to the best target of the machine.
+// a group of query rows (every query head of one KV head, for one or more query
+// positions of one sequence) over one chunk of that sequence's keys. SIMD
+// through Highway, dispatched at run time to the best target of the machine (or
+// the one select_simd_target chose).
+//
+// Each K and V byte of the chunk is read once and used by every row: scores
+// come from a register-blocked micro-kernel (several rows x four tokens per
+// step, no horizontal sum per token), the softmax runs in two passes over
+// sub-blocks of kSubBlockTokens (no running rescale inside a sub-block), and
+// P.V broadcasts each row's weight against one loaded V vector. Sub-block
+// states merge with the one merge of pagoda/softmax_state.h.
+//
+// Bits: a row's state depends only on its own keys and their positions. Lanes
+// are anchored to absolute positions, and each row loops over exactly its own
+// key range, so a row computed with other rows (a batch, several query
+// positions, another thread) has the bits it has alone.
 
 #include <cstdint>
+#include <string>
 
 #include "pagoda/dtype.h"
 #include "pagoda/paged_kv.h"
+#include "pagoda/status.h"
 
 namespace pagoda::cpu {
+
+// Keys [begin, end) one query position attends (absolute token positions).
+struct KeyRange {
+  int32_t begin = 0;
+  int32_t end = 0;
+};
 
 struct PartialTask {
   const CacheGeometry* geometry = nullptr;
   const void* k_layer = nullptr;      // K pool at this layer: [num_blocks][kv_heads][block_size][head_dim]
   const void* v_layer = nullptr;      // V pool at this layer, same layout
   const int32_t* blocks = nullptr;    // the sequence's block table
-  int64_t begin = 0;                  // first token of the chunk
-  int64_t end = 0;                    // one past its last token (<= sequence length)
   int32_t kv_head = 0;
-  const float* q = nullptr;           // [group, head_dim] fp32, already scaled by scale * log2(e)
-  float* m = nullptr;                 // [group] out: running max, base 2
-  float* l = nullptr;                 // [group] out: sum of 2^(s - m)
-  float* acc = nullptr;               // [group, head_dim] out: sum of 2^(s - m) * v
+  int64_t chunk_begin = 0;            // first position of the chunk (a multiple of kSubBlockTokens)
+  int64_t chunk_end = 0;              // one past its last position
+
+  // Rows: positions x heads, position-major. Position p (0 <= p < positions)
+  // holds rows [p * heads, (p + 1) * heads) and attends keys ranges[p].
+  int32_t positions = 1;
+  int32_t heads = 1;
+  const KeyRange* ranges = nullptr;   // [positions]
+  const float* q = nullptr;           // row (p, h) at q + p * q_position_stride + h * head_dim, fp32, scaled
+  int64_t q_position_stride = 0;      // elements between positions' rows
+  // 0: q is scaled by scale * log2(e) and scores are used as they are.
+  // c > 0: q is scaled by scale, and each score s becomes c * tanh(s / c) * log2(e).
+  float soft_cap = 0.f;
+
+  // Out, row (p, h) at index p * out_position_stride + h:
+  float* m = nullptr;                 // running max, base 2 (-inf: no key)
+  float* l = nullptr;                 // sum of 2^(s - m)
+  float* acc = nullptr;               // [.., head_dim] sum of 2^(s - m) * v
+  int64_t out_position_stride = 0;
+  float* scratch = nullptr;           // [partial_scratch_floats(rows, head_dim)], 64-byte aligned
 };
+
+// Positions per sub-block of the two-pass softmax. Sub-blocks are counted from
+// the chunk's start, and chunks start at multiples of the split length, so a
+// position's lane in a sub-block depends on the position alone when the split
+// length is a multiple of kSubBlockTokens or smaller (one sub-block per chunk).
+inline constexpr int64_t kSubBlockTokens = 256;
+// Most rows one task holds (the launch splits larger groups).
+inline constexpr int32_t kMaxTaskRows = 64;
+
+// Floats of scratch one task of `rows` rows needs.
+inline int64_t partial_scratch_floats(int32_t rows, int32_t head_dim) {
+  constexpr int64_t kTileTokens = 32;
+  return rows * kSubBlockTokens + rows * static_cast<int64_t>(head_dim) + kTileTokens * head_dim + 64;
+}
 
 void compute_partial(const PartialTask& task);
 
-// Name of the SIMD target the dispatcher runs on this machine (for logs/benches).
+// Name of the SIMD target the dispatcher runs (for logs and benches), e.g. "AVX3", "AVX2".
 const char* simd_target_name();
+
+// Restricts dispatch to `target`: "best" (every target this CPU has), "avx3"
+// (AVX-512) or "avx2". FAILED_PRECONDITION when the CPU lacks it. Affects the
+// whole process; call before any decode runs (benches and tests).
+Status select_simd_target(const std::string& target);
+
+// Fused multiply-add throughput of `threads` threads on the dispatched target,
+// FLOP/s (2 per lane per FMA), from a register-resident loop: the compute roof
+// a kernel's FLOPs are measured against.
+double measure_fma_peak(int32_t threads);
 
 }  // namespace pagoda::cpu

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/decode_cpu.h"
 #include "pagoda/backend_factory.h"
 #include "reference/decode_table.h"
 #include "unit/cache_fixture.h"
@@ -17,10 +18,8 @@ using Case = DecodeCase;
 constexpr auto& kLengths = kTableLengths;
 constexpr int32_t kLayer = kTableLayer;
 
-class CpuDecode : public ::testing::TestWithParam<Case> {};
-
-TEST_P(CpuDecode, MatchesReference) {
-  const Case& c = GetParam();
+// One case of the table: a batch of kTableLengths sequences against the reference.
+void run_table_case(const Case& c) {
   CacheGeometry g;
   g.num_layers = 2;
   g.num_kv_heads = kTableKvHeads;
@@ -50,7 +49,36 @@ TEST_P(CpuDecode, MatchesReference) {
   expect_table_decode(g, got, want, c.q);
 }
 
+class CpuDecode : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpuDecode, MatchesReference) { run_table_case(GetParam()); }
+
 INSTANTIATE_TEST_SUITE_P(Table, CpuDecode, ::testing::ValuesIn(decode_table()), case_name);
+
+// The same kernel compiled for AVX2, dispatched on purpose where the CPU has
+// better (AVX-512 machines otherwise never run it): every head_dim and group
+// size, two block sizes, every cache dtype, q in fp32.
+class CpuDecodeAvx2 : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    const Status s = cpu::select_simd_target("avx2");
+    if (s.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << s.message();
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_STREQ(cpu::simd_target_name(), "AVX2");
+  }
+  void TearDown() override { EXPECT_TRUE(cpu::select_simd_target("best").ok()); }
+};
+
+TEST_P(CpuDecodeAvx2, MatchesReference) { run_table_case(GetParam()); }
+
+std::vector<Case> avx2_table() {
+  std::vector<Case> cases;
+  for (const Case& c : decode_table())
+    if ((c.block_size == 3 || c.block_size == 16) && c.q == DType::kFloat32) cases.push_back(c);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, CpuDecodeAvx2, ::testing::ValuesIn(avx2_table()), case_name);
 
 TEST(CpuDecodeFastMode, MatchesReference) {
   CacheGeometry g;

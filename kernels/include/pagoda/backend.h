@@ -33,21 +33,35 @@ struct KvWrite {
 };
 
 // One decode launch: every sequence of the batch attends over its first
-// tables.lengths[b] tokens of `layer`.
+// tables.lengths[b] tokens of `layer`, with one or more query positions.
+//
+// Positions (DESIGN §9): sequence b has n_b = q_indptr[b+1] - q_indptr[b]
+// query rows (1 each when q_indptr is null), the last n_b of its L_b tokens:
+// row i sits at position p = L_b - n_b + i and attends keys [0, p], within
+// (p - W, p] when a sliding window W is set. Rows are counted over the whole
+// batch ("rows" below: the sum of n_b).
 struct DecodeLaunch {
   int32_t layer = 0;
   BatchBlockTables tables;
-  const void* q = nullptr;   // [batch, num_q_heads, head_dim]
+  const int32_t* q_indptr = nullptr;  // [batch + 1] rows of each sequence; null: one each
+  const void* q = nullptr;   // [rows, num_q_heads, head_dim]
   DType q_dtype = DType::kFloat32;
   float scale = 0.f;         // softmax scale in natural units (> 0)
+  int32_t sliding_window = 0;  // 0: none; W > 0: keys (p - W, p]
+  float soft_cap = 0.f;        // 0: none; c > 0: score = c * tanh(q.k * scale / c)
+  const float* sinks = nullptr;  // [num_q_heads] natural-log sink logits, or null
   SplitMode mode = SplitMode::kDeterministic;
   int32_t split_tokens = 512;
+
+  int32_t rows_of(int32_t b) const { return q_indptr ? q_indptr[b + 1] - q_indptr[b] : 1; }
+  int32_t first_row(int32_t b) const { return q_indptr ? q_indptr[b] : b; }
+  int32_t total_rows() const { return q_indptr ? q_indptr[tables.batch] : tables.batch; }
 };
 
 struct DecodeOutputs {
-  void* out = nullptr;       // [batch, num_q_heads, head_dim], dtype of q
-  float* lse = nullptr;      // [batch, num_q_heads] natural log, -inf for no keys; may be null
-  int32_t* splits = nullptr; // [batch] chunks per sequence; may be null
+  void* out = nullptr;       // [rows, num_q_heads, head_dim], dtype of q
+  float* lse = nullptr;      // [rows, num_q_heads] natural log, -inf for no keys; may be null
+  int32_t* splits = nullptr; // [batch] chunks launched per sequence; may be null
   int32_t chunk_tokens = 0;  // chunk length the launch used
   double attention_seconds = 0;  // partial + merge computation alone
   double merge_seconds = 0;      // the merge alone (part of attention_seconds)

@@ -79,11 +79,18 @@ struct SoftmaxStats {
 };
 
 // Merges (b, acc_b) into (a, acc_a), acc of length n. Merging an empty state on
-// either side is a no-op on the other side's bits: its weight is exactly 0 and the
-// survivor's weight exactly 1.
+// either side leaves the other side's bits exactly (by branch: a weighted sum
+// would turn an accumulator of -0 into +0), so states that hold no key can join
+// a merge anywhere without changing its result.
 template <typename T>
 HD void merge_into(SoftmaxStats<T>& a, T* acc_a, const SoftmaxStats<T>& b, const T* acc_b,
                    int n) {
+  if (b.m == neg_inf<T>()) return;
+  if (a.m == neg_inf<T>()) {
+    a = b;
+    for (int i = 0; i < n; ++i) acc_a[i] = acc_b[i];
+    return;
+  }
   const MergeWeights<T> w = merge_weights(a.m, b.m);
   a.m = w.m;
   a.l = a.l * w.a + b.l * w.b;

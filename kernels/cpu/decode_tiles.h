@@ -1,0 +1,187 @@
+#pragma once
+// What one CPU work item reads and in which order, without SIMD: the keys of
+// the item (the union of its positions' ranges inside the chunk) cut into
+// sub-blocks, each read as K rows then V rows, in runs (the rows of one KV head
+// inside one block are contiguous), and a prefetcher that walks the same runs
+// a fixed distance ahead of the reads.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include <hwy/base.h>
+#include <hwy/cache_control.h>
+
+#include "cpu/decode_cpu.h"
+
+namespace pagoda::cpu {
+
+// K or V rows converted to fp32 at a time: a tile of at most 16 KiB stays in L1
+// while every row of the task uses it.
+constexpr int64_t tile_tokens(int64_t head_dim) { return head_dim <= 128 ? 32 : 16; }
+
+// Rows of one KV head of a layer's pool: tokens of a head inside a block are
+// contiguous rows of head_dim elements; blocks come from the table.
+struct PoolRows {
+  const std::byte* pool;
+  const int32_t* blocks;
+  const CacheGeometry& g;
+  int32_t kv_head;
+  int64_t row_bytes;  // head_dim * element size
+
+  PoolRows(const void* p, const int32_t* b, const CacheGeometry& geometry, int32_t head, size_t elem)
+      : pool(static_cast<const std::byte*>(p)), blocks(b), g(geometry), kv_head(head),
+        row_bytes(static_cast<int64_t>(geometry.head_dim) * static_cast<int64_t>(elem)) {}
+
+  // The contiguous run of rows that starts at `pos` and ends at the block's end
+  // or at `end`: its first byte and its row count.
+  const std::byte* run(int64_t pos, int64_t end, int64_t* rows) const {
+    const int32_t slot = static_cast<int32_t>(pos % g.block_size);
+    *rows = std::min<int64_t>(g.block_size - slot, end - pos);
+    const int64_t offset = g.element_offset(0, blocks[pos / g.block_size], kv_head, slot);
+    return pool + offset * (row_bytes / g.head_dim);
+  }
+};
+
+class ReadPlan {
+ public:
+  struct Span {
+    int64_t begin;
+    int64_t end;
+  };
+
+  explicit ReadPlan(const PartialTask& t) : t_(t) {
+    begin_ = t.chunk_end;
+    end_ = t.chunk_begin;
+    for (int32_t p = 0; p < t.positions; ++p) {
+      if (t.ranges[p].begin >= t.ranges[p].end) continue;
+      begin_ = std::min<int64_t>(begin_, t.ranges[p].begin);
+      end_ = std::max<int64_t>(end_, t.ranges[p].end);
+    }
+    begin_ = std::max(begin_, t.chunk_begin);
+    end_ = std::min(end_, t.chunk_end);
+  }
+
+  bool empty() const { return begin_ >= end_; }
+  // Sub-blocks are numbered from the chunk's start.
+  int64_t first_sub_block() const { return (begin_ - t_.chunk_begin) / kSubBlockTokens; }
+  int64_t end_sub_block() const { return (end_ - 1 - t_.chunk_begin) / kSubBlockTokens + 1; }
+  // The keys sub-block `sb` reads: its part of [begin, end).
+  Span sub_block(int64_t sb) const {
+    const int64_t base = t_.chunk_begin + sb * kSubBlockTokens;
+    return {std::max(begin_, base), std::min(end_, base + kSubBlockTokens)};
+  }
+  // Position p's keys inside sub-block sb (begin >= end when it has none).
+  Span keys_of(int32_t p, int64_t sb) const {
+    const Span s = sub_block(sb);
+    return {std::max<int64_t>(s.begin, t_.ranges[p].begin), std::min<int64_t>(s.end, t_.ranges[p].end)};
+  }
+
+ private:
+  const PartialTask& t_;
+  int64_t begin_;
+  int64_t end_;
+};
+
+// Requests cache lines in the order the task reads them (per sub-block: the K
+// runs, then the V runs), a fixed distance ahead. The runs of one KV head are
+// 4 KiB pieces one block stride apart, which the hardware prefetcher does not
+// follow from one to the next. The compute loops call step() as they consume
+// rows, so the requests spread over the work instead of stalling the core in
+// bursts on its fill buffers; the driver sets how far they may go (limit).
+class LinePrefetch {
+ public:
+  LinePrefetch(const ReadPlan& plan, const PoolRows& k, const PoolRows& v, int64_t lines_ahead)
+      : plan_(plan), k_(k), v_(v), ahead_(lines_ahead) {
+    sb_ = plan.first_sub_block();
+    pos_ = plan.sub_block(sb_).begin;
+    start_run();
+    limit_ = lines_ahead;
+    catch_up();
+  }
+  LinePrefetch(const LinePrefetch&) = delete;
+  LinePrefetch& operator=(const LinePrefetch&) = delete;
+
+  // Rows worth `lines` lines have been read: requests may run up to that many
+  // lines past them.
+  void consumed(int64_t lines) { limit_ += lines; }
+  // Up to `lines` more requests, never past the limit. Inlined into the
+  // compute loops: a compare and the prefetches, unless a run ends there.
+  HWY_INLINE void step(int64_t lines) {
+    if (HWY_LIKELY(issued_ + lines <= limit_ && next_ + lines * 64 <= end_)) {
+      for (int64_t i = 0; i < lines; ++i) hwy::Prefetch(next_ + i * 64);
+      next_ += lines * 64;
+      issued_ += lines;
+      return;
+    }
+    step_slow(std::min(lines, limit_ - issued_));
+  }
+  // The same with a count known at compile time (the score loop's): unrolled.
+  template <int64_t kLines>
+  HWY_INLINE void step() {
+    if (HWY_LIKELY(issued_ + kLines <= limit_ && next_ + kLines * 64 <= end_)) {
+      for (int64_t i = 0; i < kLines; ++i) hwy::Prefetch(next_ + i * 64);
+      next_ += kLines * 64;
+      issued_ += kLines;
+      return;
+    }
+    step_slow(std::min(kLines, limit_ - issued_));
+  }
+  void catch_up() { step_slow(limit_ - issued_); }
+  int64_t ahead() const { return ahead_; }
+
+ private:
+ private:
+  // Requests crossing into the next runs.
+  HWY_NOINLINE void step_slow(int64_t lines) {
+    if (lines <= 0) return;
+    issued_ += lines;
+    for (; lines > 0; --lines) {
+      if (next_ >= end_) {
+        next_run();
+        if (next_ == nullptr) return;
+      }
+      hwy::Prefetch(next_);
+      next_ += 64;
+    }
+  }
+  void start_run() {
+    const ReadPlan::Span span = plan_.sub_block(sb_);
+    int64_t rows = 0;
+    const PoolRows& src = pass_ == 0 ? k_ : v_;
+    next_ = src.run(pos_, span.end, &rows);
+    end_ = next_ + rows * src.row_bytes;
+    pos_ += rows;
+  }
+  void next_run() {
+    const ReadPlan::Span span = plan_.sub_block(sb_);
+    if (pos_ >= span.end) {
+      if (pass_ == 0) {
+        pass_ = 1;
+      } else {
+        pass_ = 0;
+        if (++sb_ >= plan_.end_sub_block()) {
+          next_ = nullptr;
+          return;
+        }
+      }
+      pos_ = plan_.sub_block(sb_).begin;
+    }
+    start_run();
+  }
+
+  const ReadPlan& plan_;
+  const PoolRows& k_;
+  const PoolRows& v_;
+  int64_t ahead_;
+  int64_t limit_ = 0;
+  int64_t issued_ = 0;
+  int64_t sb_ = 0;
+  int pass_ = 0;  // 0: K, 1: V
+  int64_t pos_ = 0;
+  const std::byte* next_ = nullptr;
+  const std::byte* end_ = nullptr;
+
+};
+
+}  // namespace pagoda::cpu

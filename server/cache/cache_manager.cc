@@ -92,6 +92,16 @@ void CacheManager::unpin(int32_t block) {
   maybe_free(block);
 }
 
+int64_t CacheManager::cached_tokens(int32_t layer, std::span<const SequenceId> ids) const {
+  std::lock_guard lock(mu_);
+  int64_t tokens = 0;
+  for (SequenceId id : ids) {
+    auto it = sequences_.find(id);
+    if (it != sequences_.end()) tokens += it->second.lengths[static_cast<size_t>(layer)];
+  }
+  return tokens;
+}
+
 int32_t CacheManager::free_blocks() const {
   std::lock_guard lock(mu_);
   return static_cast<int32_t>(free_list_.size());

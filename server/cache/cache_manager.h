@@ -106,6 +106,9 @@ class CacheManager {
   StatusOr<int32_t> append(BackendStream& stream, SequenceId id, int32_t layer, int32_t num_tokens, const void* k,
                            const void* v, DType dtype, std::optional<int32_t> expected_length = std::nullopt);
 
+  // Tokens `ids` hold in `layer` (committed), summed; unknown ids count 0.
+  int64_t cached_tokens(int32_t layer, std::span<const SequenceId> ids) const;
+
   int32_t total_blocks() const { return geometry_.num_blocks; }
   int32_t free_blocks() const;
   size_t num_sequences() const;
@@ -142,8 +145,8 @@ class CacheManager {
   void pin_range(Reservation& r, const Sequence& s, int32_t length);
   void rollback(Reservation& r);
   void trim_tail(Sequence& s);
-  // Called by Reservation::release.
-  void release(Reservation& r);
+  // Called by Reservation::release: the blocks it returned to the free list.
+  int32_t release(Reservation& r);
 
   const CacheGeometry geometry_;
   mutable std::mutex mu_;

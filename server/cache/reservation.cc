@@ -33,9 +33,10 @@ Reservation& Reservation::operator=(Reservation&& other) noexcept {
   return *this;
 }
 
-void Reservation::release() {
-  if (owner_ != nullptr) owner_->release(*this);
+int32_t Reservation::release() {
+  const int32_t freed = owner_ != nullptr ? owner_->release(*this) : 0;
   clear();
+  return freed;
 }
 
 void Reservation::clear() {
@@ -311,10 +312,12 @@ void CacheManager::rollback(Reservation& r) {
   }
 }
 
-void CacheManager::release(Reservation& r) {
+int32_t CacheManager::release(Reservation& r) {
   std::lock_guard lock(mu_);
+  const size_t free_before = free_list_.size();
   if (!r.committed_) rollback(r);
   for (int32_t b : r.block_ids_) unpin(b);
+  return static_cast<int32_t>(free_list_.size() - free_before);
 }
 
 StatusOr<int32_t> CacheManager::append(BackendStream& stream, SequenceId id, int32_t layer, int32_t num_tokens,

@@ -43,8 +43,9 @@ class Reservation {
   ~Reservation() { release(); }
 
   // Unpins everything (rolling back an append that did not commit) and empties
-  // the reservation; its buffers stay allocated for the next use.
-  void release();
+  // the reservation; its buffers stay allocated for the next use. Returns the
+  // blocks that went back to the free list (a sequence freed meanwhile).
+  int32_t release();
 
   bool active() const { return owner_ != nullptr; }
   int32_t layer() const { return layer_; }

@@ -48,6 +48,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(Backend& backend, CacheManager&
     w->stream = std::move(*stream);
     engine->workers_.push_back(std::move(w));
   }
+  if (options.inline_max_token_heads > 0) {
+    auto w = std::make_unique<Worker>();
+    StatusOr<std::unique_ptr<BackendStream>> stream = backend.open_stream();
+    if (!stream.ok()) {
+      engine->stop();
+      return stream.status();
+    }
+    w->stream = std::move(*stream);
+    engine->inline_worker_ = std::move(w);
+  }
   for (auto& w : engine->workers_) {
     Worker* worker = w.get();
     worker->thread = std::thread([e = engine.get(), worker] { e->worker_loop(*worker); });
@@ -68,8 +78,44 @@ Engine::Engine(Backend& backend, CacheManager& cache, const EngineOptions& optio
 Engine::~Engine() { stop(); }
 
 void Engine::submit(DecodeWork* work) {
+  if (try_run_inline(work)) return;
   work->enqueued = EngineClock::now();
   enqueue(work->layer, Item{work, nullptr, work->enqueued});
+}
+
+bool Engine::try_run_inline(DecodeWork* work) {
+  if (!inline_worker_) return false;
+  work->enqueued = EngineClock::now();
+  const auto layer = static_cast<size_t>(work->layer);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || paused_ || inline_busy_ || layer_busy_[layer] || !queues_[layer].empty() ||
+        arriving_.load(std::memory_order_relaxed) > 0) {
+      return false;
+    }
+    inline_busy_ = true;
+    layer_busy_[layer] = true;
+  }
+  // Small enough? The lengths come from the cache (one short lock); a call
+  // that grew meanwhile only runs a little longer here.
+  const int64_t token_heads = cache_.cached_tokens(work->layer, work->ids) * backend_.geometry().num_kv_heads;
+  const bool small = token_heads <= options_.inline_max_token_heads;
+  if (small) {
+    std::vector<Item>& items = inline_worker_->batch.items;
+    items.assign(1, Item{work, nullptr, work->enqueued});
+    run_decode_batch(*inline_worker_, items);
+  }
+  bool queued_meanwhile = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inline_busy_ = false;
+    layer_busy_[layer] = false;
+    queued_meanwhile = !queues_[layer].empty();
+  }
+  // Wake a worker only for work this layer queued meanwhile (waking one for
+  // nothing costs two context switches per call).
+  if (queued_meanwhile) cv_.notify_all();
+  return small;
 }
 
 void Engine::submit(AppendWork* work) {
@@ -337,8 +383,10 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
     d.compute_us = compute_us;
     row += n;
   }
-  r.release();  // blocks are unpinned before anyone is told
-  if (observers_.cache_gauges) observers_.cache_gauges->publish();
+  const int32_t freed = r.release();  // blocks are unpinned before anyone is told
+  // Occupancy changes with appends, and when the release returns blocks a free
+  // left pinned: no reading of the cache per plain decode.
+  if ((appends || freed > 0) && observers_.cache_gauges) observers_.cache_gauges->publish();
   for (size_t i : w.launched) items[i].decode->done->work_done(status);
 }
 

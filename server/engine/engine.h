@@ -46,6 +46,10 @@ struct EngineOptions {
   int32_t max_batch = 256;               // sequences per launch
   int64_t max_batch_wait_us = 50;
   int32_t workers = 1;                   // each serves any layer not busy with another
+  // A Decode that nothing can join (its layer idle, no other call arriving)
+  // and this small (cached tokens x KV heads, before its append) runs on the
+  // submitting thread: no hand-off to a worker and back. 0: never.
+  int64_t inline_max_token_heads = 4096;
   SplitMode mode = SplitMode::kDeterministic;
   int32_t split_tokens = 512;
 };
@@ -60,10 +64,16 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
   ~Engine();  // stop()
 
-  // Hand work over; its `done` is called exactly once. After stop() the work
-  // completes at once with UNAVAILABLE.
+  // Hand work over; its `done` is called exactly once, possibly before submit
+  // returns (on this thread: a small lone Decode, see inline_max_token_heads).
+  // After stop() the work completes at once with UNAVAILABLE.
   void submit(DecodeWork* work);
   void submit(AppendWork* work);
+  // Runs `work` on the calling thread (its `done` is called before this
+  // returns true) when nothing could batch with it: its layer idle, no other
+  // call arriving, and small (inline_max_token_heads). False: nothing happened
+  // to it; submit() it.
+  bool try_run_inline(DecodeWork* work);
 
   // A Decode call has arrived and is being validated (it may submit soon):
   // batching waits for such calls, never for calls that do not exist.
@@ -130,6 +140,8 @@ class Engine {
   std::atomic<int64_t> arriving_{0};
   Counters counters_;  // under mu_
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::unique_ptr<Worker> inline_worker_;  // the submitting thread's stream and scratch
+  bool inline_busy_ = false;               // under mu_
 };
 
 }  // namespace pagoda

@@ -47,6 +47,26 @@ struct DecodeWork {
   // Set when the caller gave up (cancelled, deadline passed): if the engine has
   // not reserved yet, the item fails with CANCELLED and changes nothing.
   std::atomic<bool> cancelled{false};
+
+  DecodeWork() = default;
+  DecodeWork(const DecodeWork&) = delete;
+  DecodeWork& operator=(const DecodeWork&) = delete;
+  // The request's inputs and output buffers of `other` (a validated item that
+  // moves to another owner before it was submitted).
+  void take_request(const DecodeWork& other) {
+    layer = other.layer;
+    ids = other.ids;
+    q = other.q;
+    q_dtype = other.q_dtype;
+    k = other.k;
+    v = other.v;
+    kv_dtype = other.kv_dtype;
+    scale = other.scale;
+    out = other.out;
+    lse = other.lse;
+    lengths = other.lengths;
+    splits = other.splits;
+  }
 };
 
 // One AppendKV request (run alone, in its layer's queue order).

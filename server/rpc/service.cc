@@ -15,6 +15,10 @@ double micros_since(EngineClock::time_point t0) {
   return std::chrono::duration<double, std::micro>(EngineClock::now() - t0).count();
 }
 
+std::string describe(const v1::DecodeRequest& r) {
+  return fmt::format("request_id={} layer={}", r.request_id(), r.layer());
+}
+
 // The half every engine-computed unary call shares: the call is counted from
 // construction to OnDone, a cancellation reaches the queued work item, and the
 // finish is observed once (with `what` naming the request when it failed).
@@ -45,31 +49,22 @@ class EngineCall : public grpc::ServerUnaryReactor, public WorkDone {
   Work work_;
 };
 
-// One unary Decode: validated in the handler, computed by the engine, finished
-// from the engine's thread.
+// One unary Decode queued for the engine: finished from the engine's thread.
+// (A lone small one never gets here: the handler runs it itself.)
 class DecodeCall final : public EngineCall<DecodeWork> {
  public:
-  DecodeCall(DecodeAttentionService& service, const v1::DecodeRequest& request, v1::DecodeResponse& response)
+  // `validated`: the request decoded and its response prepared by the handler.
+  DecodeCall(DecodeAttentionService& service, const v1::DecodeRequest& request, v1::DecodeResponse& response,
+             const DecodeWork& validated)
       : EngineCall(service), request_(request), response_(response) {
-    Engine& engine = service.engine();
-    engine.note_arriving();
-    const ServiceSettings& settings = service.settings();
-    const Status status = decode_request(request, settings.geometry, settings.max_batch, work_);
-    engine.note_arrived();
-    if (status.ok()) prepare_response(request, settings.geometry, work_, response);
-    if (!status.ok()) {
-      work_done(status);
-      return;
-    }
+    work_.take_request(validated);
     work_.done = this;
-    engine.submit(&work_);
+    service.engine().submit(&work_);
   }
 
   void work_done(const Status& status) override {
     if (status.ok()) finish_response(work_, service_.settings().mode, micros_since(received_), response_);
-    finish_call(RpcMethod::kDecode, status, [&] {
-      return fmt::format("request_id={} layer={}", request_.request_id(), request_.layer());
-    });
+    finish_call(RpcMethod::kDecode, status, [&] { return describe(request_); });
   }
 
  private:
@@ -101,6 +96,13 @@ class AppendCall final : public EngineCall<AppendWork> {
  private:
   const v1::AppendKVRequest& request_;
   v1::AppendKVResponse& response_;
+};
+
+// A Decode the handler runs on its own thread (Engine::try_run_inline).
+struct InlineDecode final : public WorkDone {
+  DecodeWork work;
+  Status status;
+  void work_done(const Status& s) override { status = s; }
 };
 
 }  // namespace
@@ -187,7 +189,21 @@ grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerCon
                                                          v1::DecodeResponse* response) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kDecode, t0, draining_status());
-  return new DecodeCall(*this, *request, *response);
+  InlineDecode call;
+  engine_.note_arriving();
+  const Status status = decode_request(*request, settings_.geometry, settings_.max_batch, call.work);
+  engine_.note_arrived();
+  if (!status.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, status, describe(*request));
+  prepare_response(*request, settings_.geometry, call.work, *response);
+  // Nothing can batch with a lone small call: it runs here and answers through
+  // the default reactor, with no hop to an engine worker and back.
+  call.work.done = &call;
+  call_started();
+  const bool ran = engine_.try_run_inline(&call.work);
+  call_done();
+  if (!ran) return new DecodeCall(*this, *request, *response, call.work);
+  if (call.status.ok()) finish_response(call.work, settings_.mode, micros_since(t0), *response);
+  return finish_unary(ctx, RpcMethod::kDecode, t0, call.status, call.status.ok() ? "" : describe(*request));
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::ForkSequence(grpc::CallbackServerContext* ctx,

@@ -68,4 +68,30 @@ void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
   }
 }
 
+namespace {
+
+// All exponent bits set: infinity or NaN. Words are read by memcpy (wire
+// tensors need not be aligned).
+template <typename Word>
+int64_t first_with_exponent(const void* data, int64_t n, Word exponent) {
+  const auto* bytes = static_cast<const std::byte*>(data);
+  for (int64_t i = 0; i < n; ++i) {
+    Word w;
+    std::memcpy(&w, bytes + i * static_cast<int64_t>(sizeof(Word)), sizeof(Word));
+    if ((w & exponent) == exponent) return i;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int64_t first_non_finite(const void* data, DType dtype, int64_t n) {
+  switch (dtype) {
+    case DType::kFloat32: return first_with_exponent<uint32_t>(data, n, 0x7f800000u);
+    case DType::kFloat16: return first_with_exponent<uint16_t>(data, n, 0x7c00u);
+    case DType::kBFloat16: return first_with_exponent<uint16_t>(data, n, 0x7f80u);
+  }
+  return -1;
+}
+
 }  // namespace pagoda

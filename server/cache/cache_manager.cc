@@ -2,6 +2,7 @@
 // when a block returns to the pool. Reservations are in reservation.cc.
 #include "cache/cache_manager.h"
 
+#include <algorithm>
 #include <cassert>
 #include <utility>
 
@@ -57,6 +58,34 @@ Status CacheManager::free(SequenceId id) {
   for (int32_t b : it->second.blocks) unshare(b);
   sequences_.erase(it);
   return Status::Ok();
+}
+
+StatusOr<std::vector<int32_t>> CacheManager::truncate(SequenceId id, int32_t length) {
+  if (length < 0) return InvalidArgument("length: expected >= 0, received {}", length);
+  // Every layer's writer token, in layer order: no append is between its
+  // reservation and its commit, so no reserved slot is cut away under it.
+  std::vector<std::unique_lock<std::mutex>> writers;
+  writers.reserve(static_cast<size_t>(geometry_.num_layers));
+  for (int32_t l = 0; l < geometry_.num_layers; ++l) writers.emplace_back(writers_[static_cast<size_t>(l)]);
+  std::lock_guard lock(mu_);
+  Sequence* s = find(id);
+  if (s == nullptr) return NotFound("sequence_id: no sequence {}", id);
+  int32_t longest = 0;
+  for (int32_t& len : s->lengths) {
+    len = std::min(len, length);
+    longest = std::max(longest, len);
+  }
+  const int32_t bs = geometry_.block_size;
+  const auto keep = static_cast<size_t>((longest + bs - 1) / bs);
+  while (s->blocks.size() > keep) {
+    unshare(s->blocks.back());
+    s->blocks.pop_back();
+  }
+  if (s->copy_if_pinned >= static_cast<int32_t>(keep)) s->copy_if_pinned = -1;
+  // A partly kept last block that a reservation still reads past the cut:
+  // the next write into it must not land where that reservation reads.
+  if (longest % bs != 0 && pins_[s->blocks.back()] > 0) s->copy_if_pinned = static_cast<int32_t>(keep) - 1;
+  return s->lengths;
 }
 
 StatusOr<SequenceInfo> CacheManager::info(SequenceId id) const {

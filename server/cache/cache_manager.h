@@ -59,6 +59,10 @@ struct ReserveRequest {
   // [ids] the layer length each sequence must have before its append; empty:
   // unchecked. A mismatch is FAILED_PRECONDITION and nothing changes.
   std::span<const int32_t> expected_lengths;
+  // [ids] query rows each sequence attends with (DESIGN §9); empty: one each,
+  // unchecked. A sequence holding fewer tokens than its rows after the append
+  // is INVALID_ARGUMENT (one row on an empty sequence is allowed).
+  std::span<const int32_t> query_rows;
 
   int32_t tokens_of(size_t i) const { return new_tokens.empty() ? new_tokens_each : new_tokens[i]; }
 };
@@ -83,6 +87,10 @@ class CacheManager {
   StatusOr<SequenceId> fork(SequenceId source);
   Status free(SequenceId id);
   StatusOr<SequenceInfo> info(SequenceId id) const;
+  // Cuts every layer longer than `length` to it; whole blocks past every
+  // layer's length go back (or stay with a fork that shares them). Waits for
+  // appends in flight. Returns the layers' lengths after the cut.
+  StatusOr<std::vector<int32_t>> truncate(SequenceId id, int32_t length);
 
   // Starts `r` (emptied first) on `layer`. `appends`: some request will append,
   // so the layer's writer token is taken (waiting for another appender).

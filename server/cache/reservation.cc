@@ -152,6 +152,16 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
                                 i, request.ids[i], request.expected_lengths[i], layer, have));
     }
   }
+  for (size_t i = 0; i < request.query_rows.size(); ++i) {
+    const int64_t after = seqs_[i]->reserved_length(layer) + request.tokens_of(i);
+    const int32_t rows = request.query_rows[i];
+    if (rows > after && rows > 1) {
+      return InvalidArgument("q_lengths[{}]: expected at most the {} tokens sequence {} holds in layer {}{}, "
+                             "received {}",
+                             i, after, request.ids[i], layer, request.tokens_of(i) > 0 ? " after the append" : "",
+                             rows);
+    }
+  }
   StatusOr<int64_t> needed = blocks_needed(r, seqs_, request);
   PAGODA_RETURN_IF_ERROR(needed.status());
   if (*needed > static_cast<int64_t>(free_list_.size())) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -36,20 +37,22 @@ DeterminismChecker::DeterminismChecker(std::unique_ptr<BackendStream> stream, Ca
   if (!enabled() || stream_ == nullptr) return;
   const CacheGeometry& g = cache.geometry();
   const size_t capacity = std::max<size_t>(1, options_.queue_capacity);
-  // Sized for the widest q dtype (fp32), so a job never grows.
-  const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * sizeof(float);
+  // Sized for the widest q dtype (fp32) and max_rows rows, so a job never grows.
+  const auto rows = static_cast<size_t>(std::max(1, options_.max_rows));
+  const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * sizeof(float) * rows;
   jobs_.resize(capacity);
   for (Job& job : jobs_) {
     job.q.resize(row_bytes);
     job.out.resize(row_bytes);
-    job.lse.resize(static_cast<size_t>(g.num_q_heads));
+    job.lse.resize(static_cast<size_t>(g.num_q_heads) * rows);
+    job.sinks.resize(static_cast<size_t>(g.num_q_heads));
   }
   free_jobs_.reserve(capacity);
   for (size_t i = capacity; i-- > 0;) free_jobs_.push_back(i);
   ring_.resize(capacity);
   recomputed_out_.resize(row_bytes);
-  recomputed_lse_.resize(static_cast<size_t>(g.num_q_heads));
-  want_f32_.resize(static_cast<size_t>(g.num_q_heads) * g.head_dim);
+  recomputed_lse_.resize(static_cast<size_t>(g.num_q_heads) * rows);
+  want_f32_.resize(static_cast<size_t>(g.num_q_heads) * g.head_dim * rows);
   got_f32_.resize(want_f32_.size());
   worker_ = std::thread([this] { worker_loop(); });
 }
@@ -67,6 +70,12 @@ void DeterminismChecker::submit(const DecodedSequence& decoded, const Reservatio
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || !worker_.joinable()) return;
+    if (decoded.rows > options_.max_rows) {
+      ++stats_.skipped;
+      spdlog::debug("determinism check of sequence_id={} layer={} skipped: {} query rows (checks take up to {})",
+                    decoded.id, decoded.layer, decoded.rows, options_.max_rows);
+      return;
+    }
     if (free_jobs_.empty()) {
       ++stats_.skipped;
       spdlog::debug("determinism check of sequence_id={} layer={} skipped: {} checks already queued", decoded.id,
@@ -80,15 +89,19 @@ void DeterminismChecker::submit(const DecodedSequence& decoded, const Reservatio
   // The launch's own reservation still pins these blocks, so this is what it read.
   cache_.pin_copy(launch, index, job.pins);
   const CacheGeometry& g = cache_.geometry();
-  const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * dtype_size(decoded.q_dtype);
+  const size_t bytes =
+      static_cast<size_t>(decoded.rows) * g.num_q_heads * g.head_dim * dtype_size(decoded.q_dtype);
+  const size_t lse_count = static_cast<size_t>(decoded.rows) * g.num_q_heads;
   job.meta = decoded;
-  std::memcpy(job.q.data(), decoded.q, row_bytes);
-  std::memcpy(job.out.data(), decoded.out, row_bytes);
+  std::memcpy(job.q.data(), decoded.q, bytes);
+  std::memcpy(job.out.data(), decoded.out, bytes);
   job.has_lse = decoded.lse != nullptr;
-  if (job.has_lse) std::memcpy(job.lse.data(), decoded.lse, job.lse.size() * sizeof(float));
+  if (job.has_lse) std::memcpy(job.lse.data(), decoded.lse, lse_count * sizeof(float));
+  if (decoded.sinks != nullptr) std::copy_n(decoded.sinks, job.sinks.size(), job.sinks.begin());
   job.meta.q = job.q.data();
   job.meta.out = job.out.data();
   job.meta.lse = job.has_lse ? job.lse.data() : nullptr;
+  job.meta.sinks = decoded.sinks != nullptr ? job.sinks.data() : nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) {  // stopped meanwhile: the pins go now
     job.pins.release();
@@ -147,15 +160,21 @@ void DeterminismChecker::worker_loop() {
 void DeterminismChecker::check(Job& job) {
   const CacheGeometry& g = cache_.geometry();
   const DecodedSequence& m = job.meta;
-  const auto elems = static_cast<int64_t>(g.num_q_heads) * g.head_dim;
+  const auto elems = static_cast<int64_t>(m.rows) * g.num_q_heads * g.head_dim;
   const size_t row_bytes = static_cast<size_t>(elems) * dtype_size(m.q_dtype);
+  const size_t lse_count = static_cast<size_t>(m.rows) * g.num_q_heads;
 
+  const int32_t q_indptr[2] = {0, m.rows};
   DecodeLaunch launch;
   launch.layer = m.layer;
   launch.tables = job.pins.tables();
+  launch.q_indptr = q_indptr;
   launch.q = m.q;
   launch.q_dtype = m.q_dtype;
   launch.scale = m.scale;
+  launch.sliding_window = m.sliding_window;
+  launch.soft_cap = m.soft_cap;
+  launch.sinks = m.sinks;
   launch.mode = options_.mode;
   launch.split_tokens = options_.split_tokens;
   int32_t splits = 0;
@@ -172,7 +191,7 @@ void DeterminismChecker::check(Job& job) {
   if (Perturbation perturb = perturb_.load()) perturb(recomputed_out_.data(), row_bytes);
 
   bool mismatch = std::memcmp(recomputed_out_.data(), m.out, row_bytes) != 0;
-  if (m.lse) mismatch |= std::memcmp(recomputed_lse_.data(), m.lse, recomputed_lse_.size() * sizeof(float)) != 0;
+  if (m.lse) mismatch |= std::memcmp(recomputed_lse_.data(), m.lse, lse_count * sizeof(float)) != 0;
   double max_abs_diff = 0;
   if (mismatch) {
     convert_to_float(m.out, m.q_dtype, want_f32_.data(), elems);

@@ -43,18 +43,23 @@ struct DeterminismCheckerOptions {
   SplitMode mode = SplitMode::kDeterministic;
   int32_t split_tokens = 512;
   size_t queue_capacity = 64;  // checks waiting at most
+  int32_t max_rows = 16;       // query rows a checked sequence may have (more: skipped)
 };
 
 // One sequence of a finished launch, as the caller received it.
 struct DecodedSequence {
   SequenceId id = 0;
   int32_t layer = 0;
-  int32_t length = 0;              // tokens attended
-  const void* q = nullptr;         // [num_q_heads, head_dim] in q_dtype
+  int32_t length = 0;              // tokens cached (after the launch's append)
+  int32_t rows = 1;                // its query rows
+  const void* q = nullptr;         // [rows, num_q_heads, head_dim] in q_dtype
   DType q_dtype = DType::kFloat32;
   float scale = 0.f;
-  const void* out = nullptr;       // [num_q_heads, head_dim] in q_dtype
-  const float* lse = nullptr;      // [num_q_heads] or null (not asked for)
+  int32_t sliding_window = 0;
+  float soft_cap = 0.f;
+  const float* sinks = nullptr;    // [num_q_heads] or null
+  const void* out = nullptr;       // [rows, num_q_heads, head_dim] in q_dtype
+  const float* lse = nullptr;      // [rows, num_q_heads] or null (not asked for)
   int32_t splits = 0;              // chunks the launch used for this sequence
   int32_t chunk_tokens = 0;        // chunk length of the launch
 };
@@ -98,9 +103,10 @@ class DeterminismChecker {
   struct Job {
     Reservation pins;
     DecodedSequence meta;            // pointers re-aimed at the buffers below
-    std::vector<std::byte> q;        // [num_q_heads, head_dim] in q_dtype
-    std::vector<std::byte> out;      // [num_q_heads, head_dim] in q_dtype
-    std::vector<float> lse;          // [num_q_heads]
+    std::vector<std::byte> q;        // [max_rows, num_q_heads, head_dim] in q_dtype
+    std::vector<std::byte> out;      // [max_rows, num_q_heads, head_dim] in q_dtype
+    std::vector<float> lse;          // [max_rows, num_q_heads]
+    std::vector<float> sinks;        // [num_q_heads]
     bool has_lse = false;
   };
 

@@ -17,6 +17,16 @@ double micros_between(EngineClock::time_point a, EngineClock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
+// Whether two Decode items can share one launch: its q dtype, scale and
+// attention variant (window, soft-cap, sinks) are per launch.
+bool same_launch(const DecodeWork& a, const DecodeWork& b, int32_t num_q_heads) {
+  if (a.q_dtype != b.q_dtype || a.scale != b.scale || a.sliding_window != b.sliding_window ||
+      a.soft_cap != b.soft_cap || (a.sinks == nullptr) != (b.sinks == nullptr)) {
+    return false;
+  }
+  return a.sinks == nullptr || std::memcmp(a.sinks, b.sinks, static_cast<size_t>(num_q_heads) * sizeof(float)) == 0;
+}
+
 }  // namespace
 
 // A worker: its thread, its backend stream, and the inputs and outputs of its
@@ -28,10 +38,12 @@ struct Engine::Worker {
   Reservation reservation;          // the batch's pins, slots and copies
   std::vector<size_t> launched;     // indices of the items whose reservation succeeded
   std::vector<KvSource> sources;    // [parts] where each launched item's new rows come from
-  std::vector<std::byte> q;         // [batch, num_q_heads, head_dim] in q dtype
-  std::vector<std::byte> out;       // [batch, num_q_heads, head_dim] in q dtype
-  std::vector<float> lse;           // [batch, num_q_heads]
+  std::vector<std::byte> q;         // [rows, num_q_heads, head_dim] in q dtype
+  std::vector<std::byte> out;       // [rows, num_q_heads, head_dim] in q dtype
+  std::vector<float> lse;           // [rows, num_q_heads]
   std::vector<int32_t> splits;      // [batch]
+  std::vector<int32_t> q_indptr;    // [batch + 1] query rows per sequence
+  std::vector<float> sinks;         // [num_q_heads], aligned
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(Backend& backend, CacheManager& cache, const EngineOptions& options,
@@ -199,7 +211,7 @@ bool Engine::take_batch(Batch& batch, EngineClock::time_point& wake) {
     size_t n = 0;
     int64_t sequences = 0;
     for (const Item& it : q) {
-      if (!it.decode || it.decode->q_dtype != head.q_dtype || it.decode->scale != head.scale) break;
+      if (!it.decode || !same_launch(*it.decode, head, backend_.geometry().num_q_heads)) break;
       const auto b = static_cast<int64_t>(it.decode->ids.size());
       if (n > 0 && sequences + b > options_.max_batch) break;
       sequences += b;
@@ -253,7 +265,7 @@ void Engine::run_append(Worker& w, AppendWork& work) {
     return;
   }
   StatusOr<int32_t> length =
-      cache_.append(*w.stream, work.id, work.layer, work.num_tokens, work.k, work.v, work.dtype);
+      cache_.append(*w.stream, work.id, work.layer, work.num_tokens, work.k, work.v, work.dtype, work.expected_length);
   if (length.ok()) work.layer_length = *length;
   if (observers_.cache_gauges) observers_.cache_gauges->publish();
   work.done->work_done(length.status());
@@ -284,7 +296,12 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
     }
     ReserveRequest request;
     request.ids = d.ids;
-    request.new_tokens_each = d.k != nullptr ? 1 : 0;
+    if (d.k != nullptr) {
+      request.new_tokens = d.q_lengths;  // one new token per query row
+      request.new_tokens_each = 1;
+    }
+    request.query_rows = d.q_lengths;
+    request.expected_lengths = d.expected_lengths;
     const Status status = cache_.reserve(r, request);
     if (!status.ok()) {
       d.compute_us = micros_between(start, EngineClock::now());
@@ -323,8 +340,32 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
   launch.tables = r.tables();
   launch.q_dtype = head.q_dtype;
   launch.scale = head.scale;
+  launch.sliding_window = head.sliding_window;
+  launch.soft_cap = head.soft_cap;
   launch.mode = options_.mode;
   launch.split_tokens = options_.split_tokens;
+  if (head.sinks != nullptr) {
+    w.sinks.resize(static_cast<size_t>(g.num_q_heads));
+    std::memcpy(w.sinks.data(), head.sinks, w.sinks.size() * sizeof(float));
+    launch.sinks = w.sinks.data();
+  }
+  // Query rows per sequence, when any item has more than one.
+  int32_t rows = 0;
+  bool multi = false;
+  for (size_t i : w.launched) {
+    rows += items[i].decode->rows;
+    multi |= !items[i].decode->q_lengths.empty();
+  }
+  if (multi) {
+    w.q_indptr.assign(1, 0);
+    for (size_t i : w.launched) {
+      const DecodeWork& d = *items[i].decode;
+      for (size_t b = 0; b < d.ids.size(); ++b) {
+        w.q_indptr.push_back(w.q_indptr.back() + (d.q_lengths.empty() ? 1 : d.q_lengths[b]));
+      }
+    }
+    launch.q_indptr = w.q_indptr.data();
+  }
   DecodeOutputs outputs;
 
   // A lone request reads its q and writes its results in place; a coalesced
@@ -336,15 +377,15 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
     outputs.lse = head.lse;
     outputs.splits = head.splits;
   } else {
-    w.q.resize(row_bytes * static_cast<size_t>(batch));
-    w.out.resize(row_bytes * static_cast<size_t>(batch));
-    w.lse.resize(lse_row * static_cast<size_t>(batch));
+    w.q.resize(row_bytes * static_cast<size_t>(rows));
+    w.out.resize(row_bytes * static_cast<size_t>(rows));
+    w.lse.resize(lse_row * static_cast<size_t>(rows));
     w.splits.resize(static_cast<size_t>(batch));
     size_t row = 0;
     for (size_t i : w.launched) {
       const DecodeWork& d = *items[i].decode;
-      std::memcpy(w.q.data() + row * row_bytes, d.q, d.ids.size() * row_bytes);
-      row += d.ids.size();
+      std::memcpy(w.q.data() + row * row_bytes, d.q, static_cast<size_t>(d.rows) * row_bytes);
+      row += static_cast<size_t>(d.rows);
     }
     launch.q = w.q.data();
     outputs.out = w.out.data();
@@ -367,21 +408,24 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
     spdlog::error("engine: backend decode of {} sequences on layer {} failed: {}", batch, layer, status.message());
   }
 
-  size_t row = 0;
+  size_t row = 0;  // query rows
+  size_t seq = 0;  // sequences
   for (size_t i : w.launched) {
     DecodeWork& d = *items[i].decode;
     const size_t n = d.ids.size();
+    const auto rows_of_d = static_cast<size_t>(d.rows);
     if (status.ok()) {
       if (!alone) {
-        std::memcpy(d.out, w.out.data() + row * row_bytes, n * row_bytes);
-        if (d.lse) std::memcpy(d.lse, w.lse.data() + row * lse_row, n * lse_row * sizeof(float));
-        std::memcpy(d.splits, w.splits.data() + row, n * sizeof(int32_t));
+        std::memcpy(d.out, w.out.data() + row * row_bytes, rows_of_d * row_bytes);
+        if (d.lse) std::memcpy(d.lse, w.lse.data() + row * lse_row, rows_of_d * lse_row * sizeof(float));
+        std::memcpy(d.splits, w.splits.data() + seq, n * sizeof(int32_t));
       }
-      std::memcpy(d.lengths, lengths.data() + row, n * sizeof(int32_t));
+      std::memcpy(d.lengths, lengths.data() + seq, n * sizeof(int32_t));
       d.chunk_tokens = outputs.chunk_tokens;
     }
     d.compute_us = compute_us;
-    row += n;
+    row += rows_of_d;
+    seq += n;
   }
   const int32_t freed = r.release();  // blocks are unpinned before anyone is told
   // Occupancy changes with appends, and when the release returns blocks a free
@@ -409,25 +453,30 @@ void Engine::observe_launch(Worker& w, const std::vector<Item>& items, const Dec
   // The launch's reservation is alive here, so a sampled sequence's blocks are still pinned.
   const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * dtype_size(launch.q_dtype);
   const size_t lse_row = static_cast<size_t>(g.num_q_heads);
-  size_t row = 0;
+  int32_t seq_index = 0;
   for (size_t i : w.launched) {
     const DecodeWork& d = *items[i].decode;
     for (SequenceId id : d.ids) {
       if (checker->should_sample()) {
+        const auto row = static_cast<size_t>(launch.first_row(seq_index));
         DecodedSequence seq;
         seq.id = id;
         seq.layer = launch.layer;
-        seq.length = lengths[row];
+        seq.length = lengths[static_cast<size_t>(seq_index)];
+        seq.rows = launch.rows_of(seq_index);
         seq.q = static_cast<const std::byte*>(launch.q) + row * row_bytes;
         seq.q_dtype = launch.q_dtype;
         seq.scale = launch.scale;
+        seq.sliding_window = launch.sliding_window;
+        seq.soft_cap = launch.soft_cap;
+        seq.sinks = launch.sinks;
         seq.out = static_cast<const std::byte*>(outputs.out) + row * row_bytes;
         seq.lse = outputs.lse ? outputs.lse + row * lse_row : nullptr;
-        seq.splits = outputs.splits ? outputs.splits[row] : 0;
+        seq.splits = outputs.splits ? outputs.splits[seq_index] : 0;
         seq.chunk_tokens = outputs.chunk_tokens;
-        checker->submit(seq, w.reservation, static_cast<int32_t>(row));
+        checker->submit(seq, w.reservation, seq_index);
       }
-      ++row;
+      ++seq_index;
     }
   }
 }

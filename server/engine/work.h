@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "cache/cache_manager.h"
@@ -24,18 +25,24 @@ class WorkDone {
   ~WorkDone() = default;
 };
 
-// One Decode request.
+// One Decode request. Rows: its query rows, sum of q_lengths (batch when empty).
 struct DecodeWork {
   int32_t layer = 0;
   std::span<const SequenceId> ids;       // [batch], distinct
-  const void* q = nullptr;               // [batch, num_q_heads, head_dim]
+  std::span<const int32_t> q_lengths;    // [batch] rows per sequence, or empty: 1 each
+  int32_t rows = 0;
+  std::span<const int32_t> expected_lengths;  // [batch] lengths before the append, or empty
+  const void* q = nullptr;               // [rows, num_q_heads, head_dim]
   DType q_dtype = DType::kFloat32;
-  const void* k = nullptr;               // [batch, num_kv_heads, head_dim] or null
-  const void* v = nullptr;               // [batch, num_kv_heads, head_dim] or null
+  const void* k = nullptr;               // [rows, num_kv_heads, head_dim] or null
+  const void* v = nullptr;               // [rows, num_kv_heads, head_dim] or null
   DType kv_dtype = DType::kFloat32;
   float scale = 0.f;                     // resolved: > 0
-  void* out = nullptr;                   // [batch, num_q_heads, head_dim], q_dtype
-  float* lse = nullptr;                  // [batch, num_q_heads] or null
+  int32_t sliding_window = 0;            // 0: none
+  float soft_cap = 0.f;                  // 0: none
+  const void* sinks = nullptr;           // [num_q_heads] fp32 bytes (any alignment), or null
+  void* out = nullptr;                   // [rows, num_q_heads, head_dim], q_dtype
+  float* lse = nullptr;                  // [rows, num_q_heads] or null
   int32_t* lengths = nullptr;            // [batch] tokens attended
   int32_t* splits = nullptr;             // [batch] chunks per sequence
   // Filled by the engine:
@@ -56,6 +63,12 @@ struct DecodeWork {
   void take_request(const DecodeWork& other) {
     layer = other.layer;
     ids = other.ids;
+    q_lengths = other.q_lengths;
+    rows = other.rows;
+    expected_lengths = other.expected_lengths;
+    sliding_window = other.sliding_window;
+    soft_cap = other.soft_cap;
+    sinks = other.sinks;
     q = other.q;
     q_dtype = other.q_dtype;
     k = other.k;
@@ -77,6 +90,7 @@ struct AppendWork {
   const void* k = nullptr;               // [num_tokens, num_kv_heads, head_dim]
   const void* v = nullptr;               // [num_tokens, num_kv_heads, head_dim]
   DType dtype = DType::kFloat32;
+  std::optional<int32_t> expected_length;  // the layer's length before the append, when set
   int32_t layer_length = 0;              // filled: the layer's length after the append
   WorkDone* done = nullptr;
   std::atomic<bool> cancelled{false};    // as DecodeWork::cancelled

@@ -12,6 +12,7 @@ std::string_view rpc_method_name(RpcMethod method) {
     case RpcMethod::kForkSequence: return "ForkSequence";
     case RpcMethod::kFreeSequence: return "FreeSequence";
     case RpcMethod::kGetSequence: return "GetSequence";
+    case RpcMethod::kTruncateSequence: return "TruncateSequence";
   }
   return "Unknown";
 }

@@ -23,8 +23,9 @@ enum class RpcMethod : uint8_t {
   kForkSequence,
   kFreeSequence,
   kGetSequence,
+  kTruncateSequence,
 };
-inline constexpr std::size_t kNumRpcMethods = 8;
+inline constexpr std::size_t kNumRpcMethods = 9;
 
 // Stages of one Decode call's path; a stage that costs nothing is not observed.
 enum class DecodeStage : uint8_t {

@@ -9,8 +9,9 @@
 
 namespace pagoda {
 
-// Sizes output (dtype of q), lse (when asked), lengths and splits for the
-// request `work` was decoded from, and points work's outputs at them.
+// Sizes output (dtype of q) and lse (when asked) for the query rows, lengths
+// and splits for the sequences of the request `work` was decoded from, and
+// points work's outputs at them.
 void prepare_response(const v1::DecodeRequest& request, const CacheGeometry& g, DecodeWork& work,
                       v1::DecodeResponse& response);
 

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "pagoda/geometry_rules.h"
+#include "pagoda/host_convert.h"
 
 namespace pagoda {
 namespace {
@@ -79,6 +80,18 @@ StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::i
   return view;
 }
 
+Status check_finite(const char* field, const TensorView& t, int32_t heads, int32_t head_dim) {
+  const int64_t elems = t.rows * heads * head_dim;
+  const int64_t bad = first_non_finite(t.data, t.dtype, elems);
+  if (bad < 0) return Status::Ok();
+  float value = 0;
+  convert_to_float(static_cast<const std::byte*>(t.data) + bad * static_cast<int64_t>(dtype_size(t.dtype)), t.dtype,
+                   &value, 1);
+  const int64_t per_row = static_cast<int64_t>(heads) * head_dim;
+  return InvalidArgument("{}[{}]: expected finite values, received {} (row {}, head {}, element {})", field, bad, value,
+                         bad / per_row, bad % per_row / head_dim, bad % head_dim);
+}
+
 Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_t max_batch, DecodeWork& work) {
   PAGODA_RETURN_IF_ERROR(check_layer(r.layer(), g.num_layers));
   const int batch = r.sequence_ids_size();
@@ -88,8 +101,33 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
   if (const std::optional<SequenceId> dup = first_duplicate(r.sequence_ids())) {
     return InvalidArgument("sequence_ids: expected each id at most once, received {} more than once", *dup);
   }
-  const int64_t b = batch;
-  StatusOr<TensorView> q = check_tensor("q", r.q(), {b, g.num_q_heads, g.head_dim});
+  // Query rows: one per sequence, or q_lengths[i] of sequence i.
+  int64_t rows = batch;
+  if (r.q_lengths_size() > 0) {
+    if (r.q_lengths_size() != batch) {
+      return InvalidArgument("q_lengths: expected {} values (one per sequence id) or none, received {}", batch,
+                             r.q_lengths_size());
+    }
+    rows = 0;
+    for (int i = 0; i < batch; ++i) {
+      if (r.q_lengths(i) < 1) {
+        return InvalidArgument("q_lengths[{}]: expected >= 1 query tokens, received {}", i, r.q_lengths(i));
+      }
+      rows += r.q_lengths(i);
+    }
+  }
+  if (r.expected_lengths_size() > 0) {
+    if (r.expected_lengths_size() != batch) {
+      return InvalidArgument("expected_lengths: expected {} values (one per sequence id) or none, received {}",
+                             batch, r.expected_lengths_size());
+    }
+    for (int i = 0; i < batch; ++i) {
+      if (r.expected_lengths(i) < 0) {
+        return InvalidArgument("expected_lengths[{}]: expected >= 0, received {}", i, r.expected_lengths(i));
+      }
+    }
+  }
+  StatusOr<TensorView> q = check_tensor("q", r.q(), {rows, g.num_q_heads, g.head_dim});
   PAGODA_RETURN_IF_ERROR(q.status());
   if (r.has_k() != r.has_v()) {
     return r.has_k() ? InvalidArgument("v: expected v together with k, received k without v")
@@ -97,14 +135,16 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
   }
   work.k = work.v = nullptr;
   if (r.has_k()) {
-    StatusOr<TensorView> k = check_tensor("k", r.k(), {b, g.num_kv_heads, g.head_dim});
+    StatusOr<TensorView> k = check_tensor("k", r.k(), {rows, g.num_kv_heads, g.head_dim});
     PAGODA_RETURN_IF_ERROR(k.status());
-    StatusOr<TensorView> v = check_tensor("v", r.v(), {b, g.num_kv_heads, g.head_dim});
+    StatusOr<TensorView> v = check_tensor("v", r.v(), {rows, g.num_kv_heads, g.head_dim});
     PAGODA_RETURN_IF_ERROR(v.status());
     if (v->dtype != k->dtype) {
       return InvalidArgument("v.dtype: expected the dtype of k ({}), received {}", v1::DType_Name(r.k().dtype()),
                              v1::DType_Name(r.v().dtype()));
     }
+    PAGODA_RETURN_IF_ERROR(check_finite("k", *k, g.num_kv_heads, g.head_dim));
+    PAGODA_RETURN_IF_ERROR(check_finite("v", *v, g.num_kv_heads, g.head_dim));
     work.k = k->data;
     work.v = v->data;
     work.kv_dtype = k->dtype;
@@ -113,12 +153,35 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
   if (!std::isfinite(scale) || scale < 0.f) {
     return InvalidArgument("scale: expected a finite value >= 0 (0 means 1/sqrt(head_dim)), received {}", scale);
   }
+  if (r.sliding_window() < 0) {
+    return InvalidArgument("sliding_window: expected >= 0 (0: none), received {}", r.sliding_window());
+  }
+  const float cap = r.logits_soft_cap();
+  if (!std::isfinite(cap) || cap < 0.f) {
+    return InvalidArgument("logits_soft_cap: expected a finite value >= 0 (0: none), received {}", cap);
+  }
+  work.sinks = nullptr;
+  if (r.has_sinks()) {
+    if (r.sinks().dtype() != v1::FLOAT32) {
+      return InvalidArgument("sinks.dtype: expected FLOAT32, received {}", v1::DType_Name(r.sinks().dtype()));
+    }
+    StatusOr<TensorView> sinks = check_tensor("sinks", r.sinks(), {g.num_q_heads});
+    PAGODA_RETURN_IF_ERROR(sinks.status());
+    PAGODA_RETURN_IF_ERROR(check_finite("sinks", *sinks, 1, 1));
+    work.sinks = sinks->data;
+  }
 
   work.layer = r.layer();
   work.ids = std::span<const SequenceId>(r.sequence_ids().data(), static_cast<size_t>(batch));
+  work.q_lengths = std::span<const int32_t>(r.q_lengths().data(), static_cast<size_t>(r.q_lengths_size()));
+  work.rows = static_cast<int32_t>(rows);
+  work.expected_lengths =
+      std::span<const int32_t>(r.expected_lengths().data(), static_cast<size_t>(r.expected_lengths_size()));
   work.q = q->data;
   work.q_dtype = q->dtype;
   work.scale = scale > 0.f ? scale : 1.f / std::sqrt(static_cast<float>(g.head_dim));
+  work.sliding_window = r.sliding_window();
+  work.soft_cap = cap;
   return Status::Ok();
 }
 
@@ -139,6 +202,12 @@ Status decode_request(const v1::AppendKVRequest& r, const CacheGeometry& g, Appe
   if (k->rows < 1 || k->rows > INT32_MAX) {
     return InvalidArgument("k.shape[0]: expected 1 to {} tokens, received {}", INT32_MAX, k->rows);
   }
+  PAGODA_RETURN_IF_ERROR(check_finite("k", *k, g.num_kv_heads, g.head_dim));
+  PAGODA_RETURN_IF_ERROR(check_finite("v", *v, g.num_kv_heads, g.head_dim));
+  if (r.has_expected_length() && r.expected_length() < 0) {
+    return InvalidArgument("expected_length: expected >= 0, received {}", r.expected_length());
+  }
+  work.expected_length = r.has_expected_length() ? std::optional<int32_t>(r.expected_length()) : std::nullopt;
   work.id = r.sequence_id();
   work.layer = r.layer();
   work.num_tokens = static_cast<int32_t>(k->rows);

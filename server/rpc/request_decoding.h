@@ -25,6 +25,11 @@ struct TensorView {
 // value < 0 accepts any size >= 0 there) and the byte count.
 StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::initializer_list<int64_t> shape);
 
+// INVALID_ARGUMENT naming the first non-finite element of `t` (rows x heads x
+// head_dim values), with its row, head and element: one NaN in a cache poisons
+// every later step of its sequence (DESIGN §11).
+Status check_finite(const char* field, const TensorView& t, int32_t heads, int32_t head_dim);
+
 // Validates a DecodeRequest and fills `work`'s inputs. `max_batch` bounds
 // sequence_ids. The outputs are pointed at the response by decode_response.h.
 Status decode_request(const v1::DecodeRequest& request, const CacheGeometry& g, int32_t max_batch,

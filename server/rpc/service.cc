@@ -255,4 +255,20 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetSequence(grpc::CallbackServ
   return finish_unary(ctx, RpcMethod::kGetSequence, t0, info.status());
 }
 
+grpc::ServerUnaryReactor* DecodeAttentionService::TruncateSequence(grpc::CallbackServerContext* ctx,
+                                                                   const v1::TruncateSequenceRequest* request,
+                                                                   v1::TruncateSequenceResponse* response) {
+  const auto t0 = EngineClock::now();
+  if (draining()) return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, draining_status());
+  StatusOr<std::vector<int32_t>> lengths = cache_.truncate(request->sequence_id(), request->length());
+  if (!lengths.ok()) {
+    return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, lengths.status(),
+                        fmt::format("sequence_id={} length={}", request->sequence_id(), request->length()));
+  }
+  response->mutable_layer_lengths()->Add(lengths->begin(), lengths->end());
+  cache_gauges_.publish();
+  spdlog::debug("TruncateSequence sequence_id={} length={}", request->sequence_id(), request->length());
+  return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, Status::Ok());
+}
+
 }  // namespace pagoda

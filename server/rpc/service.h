@@ -53,6 +53,9 @@ class DecodeAttentionService final : public v1::DecodeAttention::CallbackService
                                          v1::FreeSequenceResponse* response) override;
   grpc::ServerUnaryReactor* GetSequence(grpc::CallbackServerContext* ctx, const v1::GetSequenceRequest* request,
                                         v1::GetSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* TruncateSequence(grpc::CallbackServerContext* ctx,
+                                             const v1::TruncateSequenceRequest* request,
+                                             v1::TruncateSequenceResponse* response) override;
 
   // Drain: new calls get UNAVAILABLE; open streams answer what they have read,
   // then finish with UNAVAILABLE.

@@ -93,8 +93,19 @@ int32_t Mirror::length(uint64_t id, int32_t layer) const {
   return static_cast<int32_t>(seqs_.at(id).at(static_cast<size_t>(layer)).k.size() / row);
 }
 
+void Mirror::truncate(uint64_t id, int32_t length) {
+  const size_t row = static_cast<size_t>(g_.num_kv_heads) * g_.head_dim;
+  for (LayerHistory& h : seqs_.at(id)) {
+    if (h.k.size() > static_cast<size_t>(length) * row) {
+      h.k.resize(static_cast<size_t>(length) * row);
+      h.v.resize(static_cast<size_t>(length) * row);
+    }
+  }
+}
+
 testing::ReferenceResult Mirror::reference(int32_t layer, const std::vector<uint64_t>& ids,
-                                           const std::vector<float>& q, double scale) const {
+                                           const std::vector<float>& q, double scale,
+                                           const testing::ReferenceVariant& variant) const {
   // A private pool of one layer where each sequence gets fresh contiguous blocks.
   CacheGeometry g = g_;
   g.num_layers = 1;
@@ -131,7 +142,7 @@ testing::ReferenceResult Mirror::reference(int32_t layer, const std::vector<uint
   tables.block_ids = block_ids.data();
   tables.lengths = lengths.data();
   const std::vector<double> qd(q.begin(), q.end());
-  return testing::naive_decode(g, k_pool, v_pool, 0, tables, qd, scale);
+  return testing::naive_decode(g, k_pool, v_pool, 0, tables, qd, scale, variant);
 }
 
 grpc::Status Session::create(uint64_t& id, const std::string& label) {
@@ -162,13 +173,14 @@ grpc::Status Session::append(uint64_t id, int32_t layer, const std::vector<float
 v1::DecodeRequest Session::decode_request(int32_t layer, const std::vector<uint64_t>& ids,
                                           const std::vector<float>& q, const std::vector<float>& k,
                                           const std::vector<float>& v, bool return_lse, float scale) const {
-  const auto batch = static_cast<int64_t>(ids.size());
+  const auto q_rows = static_cast<int64_t>(q.size()) / (g.num_q_heads * g.head_dim);
+  const auto kv_rows = static_cast<int64_t>(k.size()) / (g.num_kv_heads * g.head_dim);
   v1::DecodeRequest req;
   req.set_layer(layer);
   for (uint64_t id : ids) req.add_sequence_ids(id);
-  *req.mutable_q() = f32_tensor(q, {batch, g.num_q_heads, g.head_dim});
-  if (!k.empty()) *req.mutable_k() = f32_tensor(k, {batch, g.num_kv_heads, g.head_dim});
-  if (!v.empty()) *req.mutable_v() = f32_tensor(v, {batch, g.num_kv_heads, g.head_dim});
+  *req.mutable_q() = f32_tensor(q, {q_rows, g.num_q_heads, g.head_dim});
+  if (!k.empty()) *req.mutable_k() = f32_tensor(k, {kv_rows, g.num_kv_heads, g.head_dim});
+  if (!v.empty()) *req.mutable_v() = f32_tensor(v, {kv_rows, g.num_kv_heads, g.head_dim});
   req.set_return_lse(return_lse);
   req.set_scale(scale);
   return req;

@@ -48,12 +48,14 @@ class Mirror {
   void create(uint64_t id) { seqs_[id].assign(static_cast<size_t>(g_.num_layers), {}); }
   void fork(uint64_t source, uint64_t id) { seqs_[id] = seqs_.at(source); }
   void free(uint64_t id) { seqs_.erase(id); }
+  // Every layer longer than `length` is cut to it.
+  void truncate(uint64_t id, int32_t length);
   void append(uint64_t id, int32_t layer, const std::vector<float>& k, const std::vector<float>& v);
   int32_t length(uint64_t id, int32_t layer) const;
 
-  // The reference decode of `layer` for `ids` with q [batch, num_q_heads, head_dim].
+  // The reference decode of `layer` for `ids` with q [rows, num_q_heads, head_dim].
   testing::ReferenceResult reference(int32_t layer, const std::vector<uint64_t>& ids, const std::vector<float>& q,
-                                     double scale) const;
+                                     double scale, const testing::ReferenceVariant& variant = {}) const;
 
  private:
   CacheGeometry g_;
@@ -68,7 +70,8 @@ struct Session {
   grpc::Status create(uint64_t& id, const std::string& label = "");
   grpc::Status append(uint64_t id, int32_t layer, const std::vector<float>& k, const std::vector<float>& v,
                       int32_t* layer_length = nullptr);
-  // q [batch, num_q_heads, head_dim]; k/v [batch, num_kv_heads, head_dim] or empty.
+  // q [rows, num_q_heads, head_dim]; k/v [rows, num_kv_heads, head_dim] or
+  // empty (rows: one per sequence unless the request's q_lengths say more).
   grpc::Status decode(int32_t layer, const std::vector<uint64_t>& ids, const std::vector<float>& q,
                       v1::DecodeResponse& response, const std::vector<float>& k = {},
                       const std::vector<float>& v = {}, bool return_lse = true, float scale = 0.f);

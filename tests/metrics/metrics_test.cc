@@ -130,7 +130,7 @@ TEST_F(MetricsScrapeTest, EveryMethodHasAnOkSeriesFromTheStart) {
   }
   EXPECT_EQ(methods, (std::set<std::string>{"GetConfig", "CreateSequence", "AppendKV", "Decode",
                                             "DecodeStream", "ForkSequence", "FreeSequence",
-                                            "GetSequence"}));
+                                            "GetSequence", "TruncateSequence"}));
 }
 
 TEST_F(MetricsScrapeTest, CodesOutsideGrpcsRangeCountAsUnknown) {

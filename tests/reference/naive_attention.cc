@@ -1,5 +1,6 @@
 #include "reference/naive_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -8,38 +9,51 @@ namespace pagoda::testing {
 ReferenceResult naive_decode(const CacheGeometry& g, const std::vector<double>& k_pool,
                              const std::vector<double>& v_pool, int32_t layer,
                              const BatchBlockTables& tables, const std::vector<double>& q,
-                             double scale) {
+                             double scale, const ReferenceVariant& variant) {
   const int32_t d = g.head_dim;
   const int32_t group = g.num_q_heads / g.num_kv_heads;
+  const int32_t total_rows = variant.q_indptr ? variant.q_indptr[tables.batch] : tables.batch;
   ReferenceResult r;
-  r.out.assign(static_cast<size_t>(tables.batch) * g.num_q_heads * d, 0.0);
-  r.lse.assign(static_cast<size_t>(tables.batch) * g.num_q_heads,
-               -std::numeric_limits<double>::infinity());
+  r.out.assign(static_cast<size_t>(total_rows) * g.num_q_heads * d, 0.0);
+  r.lse.assign(static_cast<size_t>(total_rows) * g.num_q_heads, -std::numeric_limits<double>::infinity());
   for (int32_t b = 0; b < tables.batch; ++b) {
     const int64_t len = tables.lengths[b];
-    for (int32_t h = 0; h < g.num_q_heads; ++h) {
-      const int32_t kvh = h / group;
-      const double* qrow = &q[(static_cast<size_t>(b) * g.num_q_heads + h) * d];
-      std::vector<double> scores(len);
-      std::vector<int64_t> offsets(len);
-      for (int64_t t = 0; t < len; ++t) {
-        const int32_t block = tables.block_ids[tables.block_indptr[b] + t / g.block_size];
-        offsets[t] = g.element_offset(layer, block, kvh, static_cast<int32_t>(t % g.block_size));
-        double s = 0;
-        for (int32_t i = 0; i < d; ++i) s += qrow[i] * k_pool[offsets[t] + i];
-        scores[t] = s * scale;
+    const int32_t first_row = variant.q_indptr ? variant.q_indptr[b] : b;
+    const int32_t rows = variant.q_indptr ? variant.q_indptr[b + 1] - variant.q_indptr[b] : 1;
+    for (int32_t i = 0; i < rows; ++i) {
+      // Bottom-right causality: the last `rows` tokens are the query positions.
+      const int64_t pos = len - rows + i;
+      int64_t lo = 0;
+      if (variant.window > 0) lo = std::max<int64_t>(0, pos - variant.window + 1);
+      const int64_t hi = pos + 1;  // exclusive; pos is -1 for one row on an empty sequence
+      const int32_t row = first_row + i;
+      for (int32_t h = 0; h < g.num_q_heads; ++h) {
+        const int32_t kvh = h / group;
+        const double* qrow = &q[(static_cast<size_t>(row) * g.num_q_heads + h) * d];
+        std::vector<double> scores;
+        std::vector<int64_t> offsets;
+        for (int64_t t = lo; t < hi; ++t) {
+          const int32_t block = tables.block_ids[tables.block_indptr[b] + t / g.block_size];
+          offsets.push_back(g.element_offset(layer, block, kvh, static_cast<int32_t>(t % g.block_size)));
+          double s = 0;
+          for (int32_t e = 0; e < d; ++e) s += qrow[e] * k_pool[offsets.back() + e];
+          s *= scale;
+          if (variant.soft_cap > 0) s = variant.soft_cap * std::tanh(s / variant.soft_cap);
+          scores.push_back(s);
+        }
+        const bool sink = variant.sinks != nullptr;
+        if (scores.empty() && !sink) continue;
+        double mx = sink ? (*variant.sinks)[static_cast<size_t>(h)] : -std::numeric_limits<double>::infinity();
+        for (double s : scores) mx = std::max(mx, s);
+        double sum = sink ? std::exp((*variant.sinks)[static_cast<size_t>(h)] - mx) : 0.0;
+        for (double& s : scores) sum += (s = std::exp(s - mx));
+        double* orow = &r.out[(static_cast<size_t>(row) * g.num_q_heads + h) * d];
+        for (size_t t = 0; t < scores.size(); ++t) {
+          const double p = scores[t] / sum;
+          for (int32_t e = 0; e < d; ++e) orow[e] += p * v_pool[offsets[t] + e];
+        }
+        r.lse[static_cast<size_t>(row) * g.num_q_heads + h] = mx + std::log(sum);
       }
-      if (len == 0) continue;
-      double mx = -std::numeric_limits<double>::infinity();
-      for (double s : scores) mx = std::max(mx, s);
-      double sum = 0;
-      for (double& s : scores) sum += (s = std::exp(s - mx));
-      double* orow = &r.out[(static_cast<size_t>(b) * g.num_q_heads + h) * d];
-      for (int64_t t = 0; t < len; ++t) {
-        const double p = scores[t] / sum;
-        for (int32_t i = 0; i < d; ++i) orow[i] += p * v_pool[offsets[t] + i];
-      }
-      r.lse[static_cast<size_t>(b) * g.num_q_heads + h] = mx + std::log(sum);
     }
   }
   return r;

@@ -11,16 +11,26 @@
 namespace pagoda::testing {
 
 struct ReferenceResult {
-  std::vector<double> out;  // [batch, num_q_heads, head_dim]
-  std::vector<double> lse;  // [batch, num_q_heads], natural log; -inf for no keys
+  std::vector<double> out;  // [rows, num_q_heads, head_dim]
+  std::vector<double> lse;  // [rows, num_q_heads], natural log; -inf for no keys and no sink
+};
+
+// The attention variants of DESIGN §9, spelled out here independently.
+struct ReferenceVariant {
+  // [batch + 1] query rows per sequence; null: one each. Of a sequence's L
+  // tokens, row i of n sits at position L - n + i and attends keys up to it.
+  const int32_t* q_indptr = nullptr;
+  int32_t window = 0;                  // > 0: keys p - window < j <= p
+  double soft_cap = 0;                 // > 0: score = cap * tanh(score / cap)
+  const std::vector<double>* sinks = nullptr;  // [num_q_heads] natural-log sink logits
 };
 
 // k_pool / v_pool: the whole cache as double, laid out as CacheGeometry says.
-// q: [batch, num_q_heads, head_dim] as double. scale in natural units.
+// q: [rows, num_q_heads, head_dim] as double. scale in natural units.
 ReferenceResult naive_decode(const CacheGeometry& g, const std::vector<double>& k_pool,
                              const std::vector<double>& v_pool, int32_t layer,
                              const BatchBlockTables& tables, const std::vector<double>& q,
-                             double scale);
+                             double scale, const ReferenceVariant& variant = {});
 
 // Error of `got` against `want`: per-element max abs error, normalised mean
 // squared error sum((got-want)^2) / sum(want^2), and whether any value on

@@ -135,12 +135,28 @@ void CacheFixture::append_spike(SequenceId id, int32_t layer, const Queries& q, 
   append_rows(id, layer, 1, k, v);
 }
 
+namespace {
+
+// [batch + 1] prefix sums of q_lengths, empty when there are none.
+std::vector<int32_t> q_indptr_of(const std::vector<int32_t>& q_lengths) {
+  std::vector<int32_t> indptr;
+  if (q_lengths.empty()) return indptr;
+  indptr.push_back(0);
+  for (int32_t n : q_lengths) indptr.push_back(indptr.back() + n);
+  return indptr;
+}
+
+}  // namespace
+
 CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q,
-                                           float scale, SplitMode mode, int32_t split_tokens) {
+                                           float scale, SplitMode mode, int32_t split_tokens,
+                                           const Variant& variant) {
   Decoded d;
   const Reservation r = pin(layer, ids);
   const int32_t batch = static_cast<int32_t>(ids.size());
-  const size_t rows = static_cast<size_t>(batch) * geometry_.num_q_heads;
+  const std::vector<int32_t> q_indptr = q_indptr_of(variant.q_lengths);
+  const int32_t total_rows = q_indptr.empty() ? batch : q_indptr.back();
+  const size_t rows = static_cast<size_t>(total_rows) * geometry_.num_q_heads;
   d.out_bytes.resize(rows * geometry_.head_dim * dtype_size(q.dtype));
   d.lse.resize(rows);
   d.splits.resize(batch);
@@ -152,6 +168,10 @@ CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<Sequ
   launch.scale = scale;
   launch.mode = mode;
   launch.split_tokens = split_tokens;
+  launch.q_indptr = q_indptr.empty() ? nullptr : q_indptr.data();
+  launch.sliding_window = variant.window;
+  launch.soft_cap = variant.soft_cap;
+  launch.sinks = variant.sinks.empty() ? nullptr : variant.sinks.data();
   DecodeOutputs out;
   out.out = d.out_bytes.data();
   out.lse = d.lse.data();
@@ -165,10 +185,17 @@ CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<Sequ
 }
 
 ReferenceResult CacheFixture::reference(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q,
-                                        double scale) {
+                                        double scale, const Variant& variant) {
   const Reservation r = pin(layer, ids);
   std::vector<double> qd(q.values.begin(), q.values.end());
-  return naive_decode(geometry_, k_mirror_, v_mirror_, layer, r.tables(), qd, scale);
+  const std::vector<int32_t> q_indptr = q_indptr_of(variant.q_lengths);
+  const std::vector<double> sinks(variant.sinks.begin(), variant.sinks.end());
+  ReferenceVariant rv;
+  rv.q_indptr = q_indptr.empty() ? nullptr : q_indptr.data();
+  rv.window = variant.window;
+  rv.soft_cap = variant.soft_cap;
+  rv.sinks = variant.sinks.empty() ? nullptr : &sinks;
+  return naive_decode(geometry_, k_mirror_, v_mirror_, layer, r.tables(), qd, scale, rv);
 }
 
 }  // namespace pagoda::testing

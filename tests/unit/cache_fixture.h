@@ -15,6 +15,15 @@
 
 namespace pagoda::testing {
 
+// The attention variant of a decode (DESIGN §9); defaults: one row per
+// sequence, plain causal attention.
+struct DecodeVariant {
+  std::vector<int32_t> q_lengths;  // [batch] rows per sequence; empty: one each
+  int32_t window = 0;
+  float soft_cap = 0.f;
+  std::vector<float> sinks;        // [num_q_heads] natural-log sinks; empty: none
+};
+
 struct FixtureOptions {
   CacheGeometry geometry;
   int32_t threads = 1;
@@ -64,6 +73,8 @@ class CacheFixture {
   // last block, where a missing rescale of acc shows.
   void append_spike(SequenceId id, int32_t layer, const Queries& q, int32_t row);
 
+  using Variant = DecodeVariant;
+
   // Decodes through the backend; output returned as fp32 values.
   struct Decoded {
     std::vector<float> out;
@@ -73,10 +84,12 @@ class CacheFixture {
     int32_t chunk_tokens = 0;
   };
   Decoded decode(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q, float scale,
-                 SplitMode mode = SplitMode::kDeterministic, int32_t split_tokens = 64);
+                 SplitMode mode = SplitMode::kDeterministic, int32_t split_tokens = 64,
+                 const Variant& variant = {});
 
   // The oracle over the mirrored cache.
-  ReferenceResult reference(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q, double scale);
+  ReferenceResult reference(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q, double scale,
+                            const Variant& variant = {});
 
   std::mt19937_64& rng() { return rng_; }
 

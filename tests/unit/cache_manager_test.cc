@@ -223,6 +223,65 @@ TEST(CacheManager, AReservationReleasedBeforeFinishRollsBackWhole) {
   EXPECT_LE(compare(f.reference(0, {a}, q, 0.125).out, f.decode(0, {a}, q, 0.125f).out).max_abs, 2e-5);
 }
 
+// Truncation cuts every longer layer, returns whole blocks, and a later append
+// writes into the kept partial block: in place when it is the sequence's own,
+// after a copy when a fork shares it (the fork keeps its tokens).
+TEST(CacheManager, TruncateThenAppendKeepsForksAndTheReferenceRight) {
+  CacheFixture f({small(32), 1, 1});
+  const SequenceId a = f.add_sequence(0, 14);  // blocks of 4: 4 blocks
+  f.append_random(a, 1, 6);
+  auto fork = f.cache().fork(a);
+  ASSERT_TRUE(fork.ok());
+  const int32_t free_before = f.cache().free_blocks();
+  auto cut = f.cache().truncate(a, 9);  // layer 0: 14 -> 9, layer 1: 6 stays
+  ASSERT_TRUE(cut.ok()) << cut.status().message();
+  EXPECT_EQ(*cut, (std::vector<int32_t>{9, 6}));
+  EXPECT_EQ(f.cache().info(a)->blocks_held, 3);
+  EXPECT_EQ(f.cache().free_blocks(), free_before) << "the fork still holds the dropped block";
+  f.append_random(a, 0, 2);  // into block 2, shared with the fork: copied first
+  EXPECT_EQ(f.cache().free_blocks(), free_before - 1);
+  const auto q = f.random_queries(1, DType::kFloat32);
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    for (SequenceId id : {a, *fork}) {
+      const auto got = f.decode(layer, {id}, q, 0.125f);
+      EXPECT_LE(compare(f.reference(layer, {id}, q, 0.125).out, got.out).max_abs, 2e-5) << "layer " << layer;
+    }
+  }
+  EXPECT_EQ(f.cache().info(a)->layer_lengths, (std::vector<int32_t>{11, 6}));
+  EXPECT_EQ(f.cache().info(*fork)->layer_lengths, (std::vector<int32_t>{14, 6}));
+  ASSERT_TRUE(f.cache().free(*fork).ok());
+  EXPECT_TRUE(f.cache().truncate(a, 0).ok());
+  EXPECT_EQ(f.cache().info(a)->blocks_held, 0);
+  EXPECT_EQ(f.cache().free_blocks(), 32);
+  EXPECT_EQ(f.cache().truncate(a, -1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.cache().truncate(424242, 1).status().code(), StatusCode::kNotFound);
+}
+
+// A reservation reading past a truncation point keeps its view: the next
+// append into the cut block copies it instead of overwriting what it reads.
+TEST(CacheManager, TruncationUnderAPinCopiesBeforeTheNextWrite) {
+  CacheFixture f({small(16), 1, 1});
+  const SequenceId a = f.add_sequence(0, 7);
+  const auto q = f.random_queries(1, DType::kFloat32);
+  const auto before = f.decode(0, {a}, q, 0.125f);
+  const Reservation pinned = f.pin(0, {a});
+  ASSERT_TRUE(f.cache().truncate(a, 5).ok());
+  const int32_t free_before = f.cache().free_blocks();
+  f.append_random(a, 0, 2);  // positions 5, 6: inside what the pin reads
+  EXPECT_EQ(f.cache().free_blocks(), free_before - 1) << "the pinned block was copied";
+  DecodeLaunch launch;
+  launch.tables = pinned.tables();
+  launch.q = q.bytes.data();
+  launch.scale = 0.125f;
+  std::vector<uint8_t> out(before.out_bytes.size());
+  DecodeOutputs o;
+  o.out = out.data();
+  ASSERT_TRUE(f.stream().decode(launch, o).ok());
+  EXPECT_EQ(out, before.out_bytes) << "the pin saw the append after the truncation";
+  const auto after = f.decode(0, {a}, q, 0.125f);
+  EXPECT_LE(compare(f.reference(0, {a}, q, 0.125).out, after.out).max_abs, 2e-5);
+}
+
 TEST(CacheManager, ConcurrentAppendsOnDistinctSequences) {
   CacheFixture f({small(512), 1, 1});
   constexpr int kThreads = 4;

@@ -21,4 +21,7 @@ void convert_from_float(const float* src, void* dst, DType to, int64_t n);
 // Any dtype to any dtype (through fp32 where the types differ).
 void convert(const void* src, DType from, void* dst, DType to, int64_t n);
 
+// Index of the first NaN or infinity among n elements of `dtype`, or -1.
+int64_t first_non_finite(const void* data, DType dtype, int64_t n);
+
 }  // namespace pagoda

@@ -104,9 +104,15 @@ Status CudaStream::init() {
   const CacheGeometry& g = backend_.geometry();
   const int32_t max_batch = backend_.max_batch();
   const int64_t context = static_cast<int64_t>(g.num_blocks) * g.block_size;
-  const int64_t items = max_batch + (context + kMinFastChunkTokens - 1) / kMinFastChunkTokens;
-  const size_t q_bytes = static_cast<size_t>(max_batch) * g.num_q_heads * g.head_dim * sizeof(float);
-  PAGODA_RETURN_IF_ERROR(reserve_decode(max_batch, g.num_blocks + int64_t{max_batch}, items, q_bytes));
+  // One query row per sequence: multi-row launches grow the workspaces.
+  DecodeShape shape;
+  shape.batch = shape.rows = max_batch;
+  shape.num_q_heads = g.num_q_heads;
+  shape.block_ids = g.num_blocks + int64_t{max_batch};
+  shape.items = max_batch + (context + kMinFastChunkTokens - 1) / kMinFastChunkTokens;
+  shape.partial_rows = shape.items * g.num_q_heads;
+  shape.q_bytes = static_cast<size_t>(max_batch) * g.num_q_heads * g.head_dim * sizeof(float);
+  PAGODA_RETURN_IF_ERROR(reserve_decode(shape));
   // One new token per sequence per step, in fp32 at most.
   const size_t row_bytes = static_cast<size_t>(g.num_kv_heads) * g.head_dim * sizeof(float);
   PAGODA_RETURN_IF_ERROR(reserve_append(align_up(static_cast<size_t>(max_batch) * sizeof(int64_t)) +

@@ -22,46 +22,56 @@ struct InputLayout {
   size_t block_indptr = 0;  // [batch + 1]
   size_t block_ids = 0;     // [block_indptr[batch]]
   size_t lengths = 0;       // [batch]
+  size_t q_indptr = 0;      // [batch + 1]
+  size_t row_seq = 0;       // [rows]
   size_t item_indptr = 0;   // [batch + 1]
   size_t item_seq = 0;      // [items]
   size_t item_chunk = 0;    // [items]
+  size_t item_partial = 0;  // [items]
+  size_t sinks = 0;         // [num_q_heads]
   size_t total = 0;
 
-  InputLayout(int32_t batch, int64_t block_ids_count, int64_t items, size_t q_bytes) {
+  InputLayout(const DecodeShape& s) {
     const size_t ints = sizeof(int32_t);
-    block_indptr = align_up(q_bytes);
+    const auto batch = static_cast<size_t>(s.batch);
+    const auto items = static_cast<size_t>(s.items);
+    block_indptr = align_up(s.q_bytes);
     block_ids = align_up(block_indptr + (batch + 1) * ints);
-    lengths = align_up(block_ids + static_cast<size_t>(block_ids_count) * ints);
-    item_indptr = align_up(lengths + batch * ints);
+    lengths = align_up(block_ids + static_cast<size_t>(s.block_ids) * ints);
+    q_indptr = align_up(lengths + batch * ints);
+    row_seq = align_up(q_indptr + (batch + 1) * ints);
+    item_indptr = align_up(row_seq + static_cast<size_t>(s.rows) * ints);
     item_seq = align_up(item_indptr + (batch + 1) * ints);
-    item_chunk = align_up(item_seq + static_cast<size_t>(items) * ints);
-    total = align_up(item_chunk + static_cast<size_t>(items) * ints);
+    item_chunk = align_up(item_seq + items * ints);
+    item_partial = align_up(item_chunk + items * ints);
+    sinks = align_up(item_partial + items * ints);
+    total = align_up(sinks + static_cast<size_t>(s.num_q_heads) * sizeof(float));
   }
 };
 
-// Partial states: acc [items, q_heads, head_dim], m and l [items, q_heads].
+// Partial states: acc [partial rows, head_dim], m and l [partial rows].
 struct PartialLayout {
   size_t acc = 0;
   size_t m = 0;
   size_t l = 0;
   size_t total = 0;
 
-  PartialLayout(int64_t items, const CacheGeometry& g) {
-    const size_t rows = static_cast<size_t>(items) * g.num_q_heads;
+  PartialLayout(const DecodeShape& s, const CacheGeometry& g) {
+    const auto rows = static_cast<size_t>(s.partial_rows);
     m = align_up(rows * g.head_dim * sizeof(float));
     l = align_up(m + rows * sizeof(float));
     total = align_up(l + rows * sizeof(float));
   }
 };
 
-// Outputs: out [batch, q_heads, head_dim] in q's dtype, then lse [batch, q_heads].
+// Outputs: out [rows, q_heads, head_dim] in q's dtype, then lse [rows, q_heads].
 struct OutputLayout {
   size_t out = 0;
   size_t lse = 0;
   size_t total = 0;
 
-  OutputLayout(int32_t batch, const CacheGeometry& g, size_t out_elem) {
-    const size_t rows = static_cast<size_t>(batch) * g.num_q_heads;
+  OutputLayout(const DecodeShape& s, const CacheGeometry& g, size_t out_elem) {
+    const size_t rows = static_cast<size_t>(s.rows) * g.num_q_heads;
     lse = align_up(rows * g.head_dim * out_elem);
     total = align_up(lse + rows * sizeof(float));
   }
@@ -83,12 +93,12 @@ double elapsed_seconds(cudaEvent_t from, cudaEvent_t to, Status* status) {
 
 }  // namespace
 
-Status CudaStream::reserve_decode(int32_t batch, int64_t block_ids, int64_t items, size_t q_bytes) {
-  const InputLayout in(batch, block_ids, items, q_bytes);
+Status CudaStream::reserve_decode(const DecodeShape& shape) {
+  const InputLayout in(shape);
   PAGODA_RETURN_IF_ERROR(staging_in_.reserve(in.total));
   PAGODA_RETURN_IF_ERROR(device_in_.reserve(in.total));
-  PAGODA_RETURN_IF_ERROR(partials_.reserve(PartialLayout(items, backend_.geometry()).total));
-  const OutputLayout out(batch, backend_.geometry(), sizeof(float));
+  PAGODA_RETURN_IF_ERROR(partials_.reserve(PartialLayout(shape, backend_.geometry()).total));
+  const OutputLayout out(shape, backend_.geometry(), sizeof(float));
   PAGODA_RETURN_IF_ERROR(device_out_.reserve(out.total));
   PAGODA_RETURN_IF_ERROR(staging_out_.reserve(out.total));
   return Status::Ok();
@@ -157,33 +167,58 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   const int32_t chunk = launch_chunk_tokens(launch, g, backend_.num_workers());
   outputs.chunk_tokens = chunk;
   outputs.attention_seconds = outputs.merge_seconds = outputs.transfer_seconds = 0;
-  const int64_t items = count_work_items(t.lengths, batch, chunk);
-  if (items > std::numeric_limits<int32_t>::max()) {
-    return InvalidArgument("split_tokens: expected a chunk length giving < 2^31 work items, received {} ({} items)",
-                           chunk, items);
-  }
-  if (outputs.splits != nullptr) {
-    for (int32_t b = 0; b < batch; ++b) outputs.splits[b] = num_chunks(t.lengths[b], chunk);
+
+  DecodeShape shape;
+  shape.batch = batch;
+  shape.rows = launch.total_rows();
+  shape.num_q_heads = g.num_q_heads;
+  shape.block_ids = batch > 0 ? t.block_indptr[batch] : 0;
+  const WorkListSize work = size_work_list(launch, g.num_q_heads, chunk);
+  shape.items = work.items;
+  shape.partial_rows = work.partial_rows;
+  constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
+  if (work.items > kMaxIndex || work.partial_rows > kMaxIndex) {
+    return InvalidArgument(
+        "split_tokens: expected a chunk length giving < 2^31 work items and partial states, received {} "
+        "({} items, {} partial states)",
+        chunk, work.items, work.partial_rows);
   }
   if (batch == 0) return Status::Ok();
   PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
 
   const size_t q_elem = dtype_size(launch.q_dtype);
-  const size_t q_bytes = static_cast<size_t>(batch) * g.num_q_heads * g.head_dim * q_elem;
-  const int64_t ids_count = t.block_indptr[batch];
-  PAGODA_RETURN_IF_ERROR(reserve_decode(batch, ids_count, items, q_bytes));
-  const InputLayout in(batch, ids_count, items, q_bytes);
-  const PartialLayout part(items, g);
-  const OutputLayout out(batch, g, q_elem);
+  shape.q_bytes = static_cast<size_t>(shape.rows) * g.num_q_heads * g.head_dim * q_elem;
+  PAGODA_RETURN_IF_ERROR(reserve_decode(shape));
+  const InputLayout in(shape);
+  const PartialLayout part(shape, g);
+  const OutputLayout out(shape, g, q_elem);
 
-  // Stage the inputs; the work list is written straight into pinned memory.
+  // Stage the inputs; the row map and the work list are written straight into
+  // pinned memory.
   unsigned char* host = staging_in_.data();
-  std::memcpy(host + in.q, launch.q, q_bytes);
+  std::memcpy(host + in.q, launch.q, shape.q_bytes);
   std::memcpy(host + in.block_indptr, t.block_indptr, (batch + 1) * sizeof(int32_t));
-  if (ids_count > 0) std::memcpy(host + in.block_ids, t.block_ids, ids_count * sizeof(int32_t));
+  if (shape.block_ids > 0) std::memcpy(host + in.block_ids, t.block_ids, shape.block_ids * sizeof(int32_t));
   std::memcpy(host + in.lengths, t.lengths, batch * sizeof(int32_t));
-  fill_work_list(t.lengths, batch, chunk, at<int32_t>(host, in.item_seq), at<int32_t>(host, in.item_chunk),
-                 at<int32_t>(host, in.item_indptr));
+  int32_t* q_indptr = at<int32_t>(host, in.q_indptr);
+  int32_t* row_seq = at<int32_t>(host, in.row_seq);
+  for (int32_t b = 0; b <= batch; ++b) q_indptr[b] = b < batch ? launch.first_row(b) : shape.rows;
+  for (int32_t b = 0; b < batch; ++b) {
+    for (int32_t r = q_indptr[b]; r < q_indptr[b + 1]; ++r) row_seq[r] = b;
+  }
+  const auto items = static_cast<size_t>(shape.items);
+  WorkListArrays arrays;
+  arrays.item_seq = {at<int32_t>(host, in.item_seq), items};
+  arrays.item_chunk = {at<int32_t>(host, in.item_chunk), items};
+  arrays.item_partial = {at<int32_t>(host, in.item_partial), items};
+  arrays.item_indptr = {at<int32_t>(host, in.item_indptr), static_cast<size_t>(batch) + 1};
+  if (outputs.splits != nullptr) arrays.splits = {outputs.splits, static_cast<size_t>(batch)};
+  fill_work_list(launch, g.num_q_heads, chunk, arrays);
+  // Sinks in base 2, rounded as the CPU backend rounds them.
+  float* sinks_log2 = at<float>(host, in.sinks);
+  if (launch.sinks != nullptr) {
+    for (int32_t h = 0; h < g.num_q_heads; ++h) sinks_log2[h] = static_cast<float>(launch.sinks[h] * kLog2e);
+  }
 
   void* dev = device_in_.data();
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_copy_in_, stream_));
@@ -198,22 +233,34 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   p.tables.block_indptr = at<const int32_t>(dev, in.block_indptr);
   p.tables.block_ids = at<const int32_t>(dev, in.block_ids);
   p.tables.lengths = at<const int32_t>(dev, in.lengths);
-  p.work.num_items = static_cast<int32_t>(items);
+  p.work.num_items = static_cast<int32_t>(shape.items);
   p.work.chunk_tokens = chunk;
   p.work.item_seq = at<const int32_t>(dev, in.item_seq);
   p.work.item_chunk = at<const int32_t>(dev, in.item_chunk);
   p.work.item_indptr = at<const int32_t>(dev, in.item_indptr);
+  p.work.item_partial = at<const int32_t>(dev, in.item_partial);
+  p.variant.q_indptr = at<const int32_t>(dev, in.q_indptr);
+  p.variant.sliding_window = launch.sliding_window;
+  if (launch.soft_cap > 0.f) {
+    p.variant.soft_cap = launch.soft_cap;
+    p.variant.inv_soft_cap = 1.f / launch.soft_cap;
+    p.variant.soft_cap_log2 = launch.soft_cap * static_cast<float>(kLog2e);
+  }
   p.q = at<const void>(dev, in.q);
   p.q_dtype = launch.q_dtype;
-  p.scale_log2 = scale_log2(launch.scale);
+  p.q_scale = launch.soft_cap > 0.f ? launch.scale : scale_log2(launch.scale);
   void* ws = partials_.data();
   p.partials = {at<float>(ws, part.acc), at<float>(ws, part.m), at<float>(ws, part.l)};
 
   MergeParams m;
-  m.batch = batch;
+  m.rows = shape.rows;
   m.num_q_heads = g.num_q_heads;
   m.head_dim = g.head_dim;
+  m.q_indptr = p.variant.q_indptr;
+  m.row_seq = at<const int32_t>(dev, in.row_seq);
   m.item_indptr = p.work.item_indptr;
+  m.item_partial = p.work.item_partial;
+  m.sinks_log2 = launch.sinks != nullptr ? at<const float>(dev, in.sinks) : nullptr;
   m.acc = p.partials.acc;
   m.m = p.partials.m;
   m.l = p.partials.l;
@@ -231,7 +278,7 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_copy_out_, stream_));
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
 
-  const size_t rows = static_cast<size_t>(batch) * g.num_q_heads;
+  const size_t rows = static_cast<size_t>(shape.rows) * g.num_q_heads;
   std::memcpy(outputs.out, staging_out_.data() + out.out, rows * g.head_dim * q_elem);
   if (outputs.lse != nullptr) std::memcpy(outputs.lse, staging_out_.data() + out.lse, rows * sizeof(float));
   Status status;

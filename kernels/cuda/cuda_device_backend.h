@@ -49,6 +49,17 @@ class CudaBackend final : public Backend {
   DeviceBuffer v_pool_;
 };
 
+// The sizes a decode launch stages, computes and returns.
+struct DecodeShape {
+  int32_t batch = 0;
+  int32_t rows = 0;          // query rows (DecodeLaunch::total_rows)
+  int32_t num_q_heads = 0;
+  int64_t block_ids = 0;     // table entries
+  int64_t items = 0;         // work items
+  int64_t partial_rows = 0;  // partial states
+  size_t q_bytes = 0;
+};
+
 class CudaStream final : public BackendStream {
  public:
   static StatusOr<std::unique_ptr<CudaStream>> create(CudaBackend& backend);
@@ -66,9 +77,8 @@ class CudaStream final : public BackendStream {
  private:
   explicit CudaStream(CudaBackend& backend) : backend_(backend) {}
   Status init();
-  // Sizes every workspace for `batch` sequences, `block_ids` table entries,
-  // `items` work items and `q_bytes` of queries (grows only past a high-water mark).
-  Status reserve_decode(int32_t batch, int64_t block_ids, int64_t items, size_t q_bytes);
+  // Sizes every workspace for a launch of `shape` (grows only past a high-water mark).
+  Status reserve_decode(const DecodeShape& shape);
   Status reserve_append(size_t bytes);
 
   CudaBackend& backend_;
@@ -82,7 +92,7 @@ class CudaStream final : public BackendStream {
 
   PinnedBuffer staging_in_;  // q + tables + work list, packed for one copy
   DeviceBuffer device_in_;
-  DeviceBuffer partials_;     // fp32 acc, m, l per (item, query head)
+  DeviceBuffer partials_;     // fp32 acc, m, l per (item, query row, query head)
   DeviceBuffer device_out_;   // out (q dtype) + lse
   PinnedBuffer staging_out_;
   PinnedBuffer append_staging_;  // slots + k + v of every write of a write_kv call

@@ -15,21 +15,35 @@ namespace pagoda::cuda {
 
 // A launch's split-KV work as a flat list: item i is chunk item_chunk[i] of
 // sequence item_seq[i]. Items of sequence b are [item_indptr[b], item_indptr[b+1])
-// in chunk order, so a zero-length sequence owns no item and launches nothing.
+// in chunk order and cover only the chunks some row of b attends
+// (chunks_needed), so a zero-length sequence owns no item and launches nothing.
+// Item i's partial states start at row item_partial[i]: one per (query row of
+// its sequence, query head), row-major.
 struct WorkListView {
   int32_t num_items = 0;
   int32_t chunk_tokens = 0;
-  const int32_t* item_seq = nullptr;     // [num_items]
-  const int32_t* item_chunk = nullptr;   // [num_items]
-  const int32_t* item_indptr = nullptr;  // [batch + 1]
+  const int32_t* item_seq = nullptr;      // [num_items]
+  const int32_t* item_chunk = nullptr;    // [num_items] absolute chunk index
+  const int32_t* item_indptr = nullptr;   // [batch + 1]
+  const int32_t* item_partial = nullptr;  // [num_items]
 };
 
-// Partial states in fp32: one (m, l, acc) per (item, query head). m is base 2 and
-// acc is not normalised (the merge divides by the merged l).
+// Partial states in fp32: one (m, l, acc) per (item, query row, query head). m
+// is base 2 and acc is not normalised (the merge divides by the merged l).
 struct PartialStates {
-  float* acc = nullptr;  // [num_items, num_q_heads, head_dim]
-  float* m = nullptr;    // [num_items, num_q_heads]
-  float* l = nullptr;    // [num_items, num_q_heads]
+  float* acc = nullptr;  // [partial rows, head_dim]
+  float* m = nullptr;    // [partial rows]
+  float* l = nullptr;    // [partial rows]
+};
+
+// The attention variant of a launch (DESIGN §9), as the kernels read it.
+// Sequence b's query rows are [q_indptr[b], q_indptr[b+1]), its last tokens.
+struct VariantParams {
+  const int32_t* q_indptr = nullptr;  // [batch + 1], always set
+  int32_t sliding_window = 0;         // 0: none
+  float soft_cap = 0.f;               // 0: none
+  float inv_soft_cap = 0.f;           // 1 / soft_cap
+  float soft_cap_log2 = 0.f;          // soft_cap * log2(e)
 };
 
 struct PartialParams {
@@ -39,23 +53,30 @@ struct PartialParams {
   int32_t layer = 0;
   BatchBlockTables tables;       // device pointers
   WorkListView work;             // device pointers
-  const void* q = nullptr;       // [batch, num_q_heads, head_dim], q_dtype
+  VariantParams variant;
+  const void* q = nullptr;       // [rows, num_q_heads, head_dim], q_dtype
   DType q_dtype = DType::kFloat32;
-  float scale_log2 = 0.f;        // softmax scale * log2(e)
+  // q's factor: scale * log2(e) (scores in base 2), or scale alone under a
+  // soft-cap, whose tanh comes first and soft_cap_log2 after it.
+  float q_scale = 0.f;
   PartialStates partials;
 };
 
 struct MergeParams {
-  int32_t batch = 0;
+  int32_t rows = 0;                       // query rows of the launch
   int32_t num_q_heads = 0;
   int32_t head_dim = 0;
-  const int32_t* item_indptr = nullptr;  // [batch + 1]
-  const float* acc = nullptr;            // [num_items, num_q_heads, head_dim]
-  const float* m = nullptr;              // [num_items, num_q_heads]
-  const float* l = nullptr;              // [num_items, num_q_heads]
-  void* out = nullptr;                   // [batch, num_q_heads, head_dim], out_dtype
+  const int32_t* q_indptr = nullptr;      // [batch + 1]
+  const int32_t* row_seq = nullptr;       // [rows] sequence of each row
+  const int32_t* item_indptr = nullptr;   // [batch + 1]
+  const int32_t* item_partial = nullptr;  // [num_items]
+  const float* sinks_log2 = nullptr;      // [num_q_heads] sink * log2(e), or null
+  const float* acc = nullptr;             // [partial rows, head_dim]
+  const float* m = nullptr;               // [partial rows]
+  const float* l = nullptr;               // [partial rows]
+  void* out = nullptr;                    // [rows, num_q_heads, head_dim], out_dtype
   DType out_dtype = DType::kFloat32;
-  float* lse = nullptr;                  // [batch, num_q_heads], natural log
+  float* lse = nullptr;                   // [rows, num_q_heads], natural log
 };
 
 struct AppendParams {
@@ -84,7 +105,7 @@ std::span<const PartialKernel> partial_kernels_fp16();
 std::span<const PartialKernel> partial_kernels_bf16();
 std::span<const PartialKernel> partial_kernels_fp32();
 
-// merge_kernel.cu: one CTA per (sequence, query head). batch == 0 launches nothing.
+// merge_kernel.cu: one warp per (query row, query head). rows == 0 launches nothing.
 cudaError_t launch_merge(const MergeParams& p, cudaStream_t stream);
 
 // append_kernel.cu: converts in_dtype to the cache dtype (round to nearest even).

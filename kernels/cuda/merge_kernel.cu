@@ -1,11 +1,12 @@
-// The split-KV merge: one warp per (sequence, query head) folds that sequence's
+// The split-KV merge: one warp per (query row, query head) folds the row's
 // partial states into one, in chunk order, with the shared merge of
 // pagoda/softmax_state.h. Each lane owns 4 consecutive head_dim elements (float4).
 //
-// The running state starts empty, and merging a partial into the empty state
-// gives that partial's bits exactly (weights 0 and 1), so a one-chunk sequence
-// takes an exactly equivalent path. A zero-length sequence owns no partial: its
-// output is 0 (inverse_sum(0) = 0) and its LSE -inf.
+// The running state starts as the head's sink (m = sink * log2(e), l = 1,
+// acc = 0) when sinks are given, else empty; merging a partial into the empty
+// state gives that partial's bits exactly, so a one-chunk row takes an exactly
+// equivalent path. A row with no key owns no partial: its output is 0
+// (inverse_sum(0) = 0) and its LSE -inf, or the sink's.
 
 #include "cuda/device_convert.cuh"
 #include "cuda/kernel_params.h"
@@ -17,16 +18,19 @@ namespace {
 constexpr int kMergeThreads = 32;
 
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams p) {
-  const int seq = blockIdx.x / p.num_q_heads;
+  const int row = blockIdx.x / p.num_q_heads;
   const int head = blockIdx.x % p.num_q_heads;
+  const int seq = p.row_seq[row];
+  const int pos = row - p.q_indptr[seq];
   const int first = p.item_indptr[seq];
   const int last = p.item_indptr[seq + 1];
-  const int64_t out_row = static_cast<int64_t>(seq) * p.num_q_heads + head;
+  const int64_t out_row = static_cast<int64_t>(row) * p.num_q_heads + head;
 
   for (int quad = threadIdx.x; quad < p.head_dim / 4; quad += kMergeThreads) {
     SoftmaxState<float, 4> total;
+    if (p.sinks_log2 != nullptr) total.stats = {p.sinks_log2[head], 1.f};
     for (int i = first; i < last; ++i) {
-      const int64_t src = static_cast<int64_t>(i) * p.num_q_heads + head;
+      const int64_t src = p.item_partial[i] + static_cast<int64_t>(pos) * p.num_q_heads + head;
       SoftmaxState<float, 4> part;
       part.stats = {p.m[src], p.l[src]};
       const float4 a = reinterpret_cast<const float4*>(p.acc + src * p.head_dim)[quad];
@@ -49,8 +53,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams 
 }  // namespace
 
 cudaError_t launch_merge(const MergeParams& p, cudaStream_t stream) {
-  if (p.batch == 0 || p.num_q_heads == 0) return cudaSuccess;
-  const unsigned ctas = static_cast<unsigned>(p.batch) * static_cast<unsigned>(p.num_q_heads);
+  if (p.rows == 0 || p.num_q_heads == 0) return cudaSuccess;
+  const unsigned ctas = static_cast<unsigned>(p.rows) * static_cast<unsigned>(p.num_q_heads);
   merge_kernel<<<ctas, kMergeThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

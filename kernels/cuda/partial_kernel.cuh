@@ -11,7 +11,13 @@
 // vector it widens to fp32 is reused by that many heads. This is the CUDA-core
 // form of the kernel (no tensor-core mma).
 //
-// Per chunk and head the result is the fp32 state (m base 2, l, unnormalised
+// A sequence with n query rows (DESIGN §9) is walked row by row in one CTA:
+// each row's keys in the chunk are cut to its causal span and sliding window,
+// a soft-cap (when set) bends each score before the softmax, and the partial
+// goes to the row's own state. A row with no key in the chunk writes the empty
+// state, which the merge skips exactly.
+//
+// Per chunk, row and head the result is the fp32 state (m base 2, l, unnormalised
 // acc) of pagoda/softmax_state.h; token slices are merged with merge_into in
 // slice order, so the bits depend on the chunk alone, never on the batch.
 
@@ -20,6 +26,7 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/device_convert.cuh"
 #include "cuda/kernel_params.h"
+#include "pagoda/key_ranges.h"
 #include "pagoda/softmax_state.h"
 #include "pagoda/split_plan.h"
 
@@ -90,14 +97,19 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
   __shared__ __align__(16) unsigned char smem[C::kSmemBytes];
 
   const CacheGeometry g = p.geometry;
+  const VariantParams& var = p.variant;
   const int item = blockIdx.x;
   const int kv_head = blockIdx.y;
   const int seq = p.work.item_seq[item];
-  const ChunkRange range =
-      chunk_range(p.tables.lengths[seq], p.work.chunk_tokens, p.work.item_chunk[item]);
-  // Lengths are int32, so token indices fit an int; offsets are int64 below.
-  const int begin = static_cast<int>(range.begin);
-  const int end = static_cast<int>(range.end);
+  const int length = p.tables.lengths[seq];
+  const int first_row = var.q_indptr[seq];
+  const int rows = var.q_indptr[seq + 1] - first_row;
+  const ChunkRange chunk = chunk_range(length, p.work.chunk_tokens, p.work.item_chunk[item]);
+  // Keys [begin, end) of the query row being computed: the chunk cut to its
+  // causal span and window. Lengths are int32, so token indices fit an int;
+  // offsets are int64 below.
+  int begin = 0;
+  int end = 0;
   const int32_t* seq_blocks = p.tables.block_ids + p.tables.block_indptr[seq];
   const T* k_pool = static_cast<const T*>(p.k_pool);
   const T* v_pool = static_cast<const T*>(p.v_pool);
@@ -106,6 +118,8 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
   const int lane = tid % C::kLanes;
   const int slice = tid / C::kLanes;
   const int group = g.group_size();
+  // The layout depends on the group alone, never on the rows: a row's bits are
+  // those of the same position decoded as a single row.
   const HeadLayout layout = head_layout<C::kSlices, kHB>(group);
   const int heads_per_thread = group < kHB ? group : kHB;  // the same in every thread
   const int head_group = slice / layout.token_slices;
@@ -130,7 +144,7 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
     }
   };
   // Issues the copies of tokens [tile_begin, tile_begin + kTileTokens) that lie
-  // before `end`; rows past the length are neither read nor written.
+  // before `end`; rows past it are neither read nor written.
   auto load_tile = [&](int stage, int tile_begin, const int32_t (&blocks)[kCopies]) {
     T* k_dst = k_stage(stage);
     T* v_dst = v_stage(stage);
@@ -151,133 +165,153 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
     cp_async_commit();
   };
 
-  const int num_tiles = (end - begin + C::kTileTokens - 1) / C::kTileTokens;
-  for (int pass = 0; pass < layout.passes; ++pass) {
-    // This thread's query heads: local heads [head0, head0 + nh) of the group.
-    const int head0 = (pass * layout.head_groups + head_group) * kHB;
-    int nh = head_group < layout.head_groups ? group - head0 : 0;
-    nh = nh < 0 ? 0 : (nh > kHB ? kHB : nh);
-    const bool active = nh > 0;
+  // One query row (position) at a time, its tiles starting at its own first
+  // key exactly as a single-row decode's do. The chunk is streamed again for
+  // each row; the rows of a sequence share it, so the repeats can hit L2.
+  for (int pos = 0; pos < rows; ++pos) {
+    const KeySpan keys = row_keys(length, rows, pos, var.sliding_window);
+    begin = static_cast<int>(keys.begin > chunk.begin ? keys.begin : chunk.begin);
+    end = static_cast<int>(keys.end < chunk.end ? keys.end : chunk.end);
+    if (end < begin) end = begin;
+    const int num_tiles = (end - begin + C::kTileTokens - 1) / C::kTileTokens;
+    for (int pass = 0; pass < layout.passes; ++pass) {
+      // This thread's query heads: local heads [head0, head0 + nh) of the group.
+      const int head0 = (pass * layout.head_groups + head_group) * kHB;
+      int nh = head_group < layout.head_groups ? group - head0 : 0;
+      nh = nh < 0 ? 0 : (nh > kHB ? kHB : nh);
+      const bool active = nh > 0;
 
-    float q[kHB][8];
-    float acc[kHB][8];
-    SoftmaxStats<float> st[kHB];
-    const int64_t q_row0 = static_cast<int64_t>(seq) * g.num_q_heads + kv_head * group + head0;
-#pragma unroll
-    for (int j = 0; j < kHB; ++j) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        q[j][e] = j < nh ? load_as_float(p.q, p.q_dtype, (q_row0 + j) * D + lane * 8 + e) *
-                               p.scale_log2
-                         : 0.f;
-        acc[j][e] = 0.f;
-      }
-    }
-
-    int32_t next_blocks[kCopies];  // block ids of the next tile to load
-    fetch_blocks(begin, next_blocks);
-    if (num_tiles > 0) {
-      load_tile(0, begin, next_blocks);
-      fetch_blocks(begin + C::kTileTokens, next_blocks);
-    }
-    for (int it = 0; it < num_tiles; ++it) {
-      const int tile_begin = begin + it * C::kTileTokens;
-      if (it + 1 < num_tiles) {
-        load_tile((it + 1) & 1, tile_begin + C::kTileTokens, next_blocks);
-        fetch_blocks(tile_begin + 2 * C::kTileTokens, next_blocks);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
-
-      const T* k_tile = k_stage(it & 1);
-      const T* v_tile = v_stage(it & 1);
-      // Every thread runs the same number of steps: the shuffles below need the
-      // whole warp. Rows past the tile or the length are computed on a clamped
-      // row and then dropped (by branch, never by multiplying by 0).
-      for (int r0 = 0; r0 < C::kTileTokens; r0 += layout.token_slices) {
-        const int r_raw = r0 + token_slice;
-        const int r = r_raw < C::kTileTokens ? r_raw : C::kTileTokens - 1;
-        const bool valid = active && r_raw < C::kTileTokens && tile_begin + r < end;
-
-        float kf[8];
-        widen8(k_tile + r * D + lane * 8, kf);
-        // Head slots past the group (MHA: 3 of 4) are skipped by a CTA-uniform
-        // branch, so the shuffles below still run in whole warps.
-        float dot[kHB];
-#pragma unroll
-        for (int j = 0; j < kHB; ++j) {
-          dot[j] = 0.f;
-          if (j >= heads_per_thread) continue;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) dot[j] += q[j][e] * kf[e];
-        }
-        // Butterfly sum over the row's lanes: every lane ends with the same bits.
-#pragma unroll
-        for (int offset = C::kLanes / 2; offset > 0; offset /= 2) {
-#pragma unroll
-          for (int j = 0; j < kHB; ++j) {
-            if (j < heads_per_thread) dot[j] += __shfl_xor_sync(0xffffffffu, dot[j], offset);
-          }
-        }
-        if (valid) {
-          float vf[8];
-          widen8(v_tile + r * D + lane * 8, vf);
-#pragma unroll
-          for (int j = 0; j < kHB; ++j) {
-            if (j < nh) add_key(st[j], acc[j], dot[j], vf);
-          }
-        }
-      }
-      __syncthreads();  // the stage is overwritten by the next iteration's copies
-    }
-
-    // Merge the token slices of each head group in slice order. All copies were
-    // waited for (wait_group 0) and a barrier passed, so the scratch may alias
-    // the pipeline's buffers.
-    float* s_acc = reinterpret_cast<float*>(smem);  // [kSlices][kHB][D]
-    float* s_m = s_acc + C::kScratchAccFloats;      // [kSlices][kHB]
-    float* s_l = s_m + C::kScratchStatFloats;       // [kSlices][kHB]
-    if (active && token_slice > 0) {
+      float q[kHB][8];
+      float acc[kHB][8];
+      SoftmaxStats<float> st[kHB];
+      const int64_t q_row0 =
+          static_cast<int64_t>(first_row + pos) * g.num_q_heads + kv_head * group + head0;
 #pragma unroll
       for (int j = 0; j < kHB; ++j) {
-        if (j >= nh) continue;
-        float* dst = s_acc + (slice * kHB + j) * D + lane * 8;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) dst[e] = acc[j][e];
-        if (lane == 0) {
-          s_m[slice * kHB + j] = st[j].m;
-          s_l[slice * kHB + j] = st[j].l;
+        for (int e = 0; e < 8; ++e) {
+          q[j][e] = j < nh ? load_as_float(p.q, p.q_dtype, (q_row0 + j) * D + lane * 8 + e) *
+                                 p.q_scale
+                           : 0.f;
+          acc[j][e] = 0.f;
         }
       }
-    }
-    __syncthreads();
-    if (active && token_slice == 0) {
-      for (int other = 1; other < layout.token_slices; ++other) {
-        const int os = slice + other;
+
+      int32_t next_blocks[kCopies];  // block ids of the next tile to load
+      fetch_blocks(begin, next_blocks);
+      if (num_tiles > 0) {
+        load_tile(0, begin, next_blocks);
+        fetch_blocks(begin + C::kTileTokens, next_blocks);
+      }
+      for (int it = 0; it < num_tiles; ++it) {
+        const int tile_begin = begin + it * C::kTileTokens;
+        if (it + 1 < num_tiles) {
+          load_tile((it + 1) & 1, tile_begin + C::kTileTokens, next_blocks);
+          fetch_blocks(tile_begin + 2 * C::kTileTokens, next_blocks);
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        const T* k_tile = k_stage(it & 1);
+        const T* v_tile = v_stage(it & 1);
+        // Every thread runs the same number of steps: the shuffles below need the
+        // whole warp. Rows past the tile or the length are computed on a clamped
+        // row and then dropped (by branch, never by multiplying by 0).
+        for (int r0 = 0; r0 < C::kTileTokens; r0 += layout.token_slices) {
+          const int r_raw = r0 + token_slice;
+          const int r = r_raw < C::kTileTokens ? r_raw : C::kTileTokens - 1;
+          const bool valid = active && r_raw < C::kTileTokens && tile_begin + r < end;
+
+          float kf[8];
+          widen8(k_tile + r * D + lane * 8, kf);
+          // Head slots past the group (MHA: 3 of 4) are skipped by a CTA-uniform
+          // branch, so the shuffles below still run in whole warps.
+          float dot[kHB];
+#pragma unroll
+          for (int j = 0; j < kHB; ++j) {
+            dot[j] = 0.f;
+            if (j >= heads_per_thread) continue;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) dot[j] += q[j][e] * kf[e];
+          }
+          // Butterfly sum over the row's lanes: every lane ends with the same bits.
+#pragma unroll
+          for (int offset = C::kLanes / 2; offset > 0; offset /= 2) {
+#pragma unroll
+            for (int j = 0; j < kHB; ++j) {
+              if (j < heads_per_thread) dot[j] += __shfl_xor_sync(0xffffffffu, dot[j], offset);
+            }
+          }
+          // The soft-cap on the whole sum, so every lane caps the same bits.
+          if (var.soft_cap > 0.f) {
+#pragma unroll
+            for (int j = 0; j < kHB; ++j) {
+              if (j < heads_per_thread) {
+                dot[j] = var.soft_cap_log2 * tanhf(dot[j] * var.inv_soft_cap);
+              }
+            }
+          }
+          if (valid) {
+            float vf[8];
+            widen8(v_tile + r * D + lane * 8, vf);
+#pragma unroll
+            for (int j = 0; j < kHB; ++j) {
+              if (j < nh) add_key(st[j], acc[j], dot[j], vf);
+            }
+          }
+        }
+        __syncthreads();  // the stage is overwritten by the next iteration's copies
+      }
+
+      // Merge the token slices of each head group in slice order. All copies were
+      // waited for (wait_group 0) and a barrier passed, so the scratch may alias
+      // the pipeline's buffers.
+      float* s_acc = reinterpret_cast<float*>(smem);  // [kSlices][kHB][D]
+      float* s_m = s_acc + C::kScratchAccFloats;      // [kSlices][kHB]
+      float* s_l = s_m + C::kScratchStatFloats;       // [kSlices][kHB]
+      if (active && token_slice > 0) {
 #pragma unroll
         for (int j = 0; j < kHB; ++j) {
           if (j >= nh) continue;
-          const SoftmaxStats<float> o{s_m[os * kHB + j], s_l[os * kHB + j]};
-          merge_into(st[j], acc[j], o, s_acc + (os * kHB + j) * D + lane * 8, 8);
-        }
-      }
+          float* dst = s_acc + (slice * kHB + j) * D + lane * 8;
 #pragma unroll
-      for (int j = 0; j < kHB; ++j) {
-        if (j >= nh) continue;
-        const int64_t row =
-            static_cast<int64_t>(item) * g.num_q_heads + kv_head * group + head0 + j;
-        float4* dst = reinterpret_cast<float4*>(p.partials.acc + row * D + lane * 8);
-        dst[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-        dst[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
-        if (lane == 0) {
-          p.partials.m[row] = st[j].m;
-          p.partials.l[row] = st[j].l;
+          for (int e = 0; e < 8; ++e) dst[e] = acc[j][e];
+          if (lane == 0) {
+            s_m[slice * kHB + j] = st[j].m;
+            s_l[slice * kHB + j] = st[j].l;
+          }
         }
       }
+      __syncthreads();
+      if (active && token_slice == 0) {
+        for (int other = 1; other < layout.token_slices; ++other) {
+          const int os = slice + other;
+#pragma unroll
+          for (int j = 0; j < kHB; ++j) {
+            if (j >= nh) continue;
+            const SoftmaxStats<float> o{s_m[os * kHB + j], s_l[os * kHB + j]};
+            merge_into(st[j], acc[j], o, s_acc + (os * kHB + j) * D + lane * 8, 8);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kHB; ++j) {
+          if (j >= nh) continue;
+          const int64_t row = p.work.item_partial[item] +
+                              static_cast<int64_t>(pos) * g.num_q_heads + kv_head * group +
+                              head0 + j;
+          float4* dst = reinterpret_cast<float4*>(p.partials.acc + row * D + lane * 8);
+          dst[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+          dst[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+          if (lane == 0) {
+            p.partials.m[row] = st[j].m;
+            p.partials.l[row] = st[j].l;
+          }
+        }
+      }
+      __syncthreads();  // the next pass or row reuses the shared memory
     }
-    __syncthreads();  // the next pass reuses the shared memory
   }
 }
 

@@ -1,5 +1,8 @@
 #include "cuda/work_list.h"
 
+#include <cassert>
+
+#include "pagoda/key_ranges.h"
 #include "pagoda/split_plan.h"
 
 namespace pagoda::cuda {
@@ -20,24 +23,42 @@ int32_t launch_chunk_tokens(const DecodeLaunch& launch, const CacheGeometry& g,
   return choose_chunk_tokens(in);
 }
 
-int64_t count_work_items(const int32_t* lengths, int32_t batch, int32_t chunk_tokens) {
-  int64_t items = 0;
-  for (int32_t b = 0; b < batch; ++b) items += num_chunks(lengths[b], chunk_tokens);
-  return items;
+namespace {
+
+ChunkSpan sequence_chunks(const DecodeLaunch& launch, int32_t b, int32_t chunk_tokens) {
+  return chunks_needed(launch.tables.lengths[b], launch.rows_of(b), launch.sliding_window, chunk_tokens);
 }
 
-void fill_work_list(const int32_t* lengths, int32_t batch, int32_t chunk_tokens,
-                    int32_t* item_seq, int32_t* item_chunk, int32_t* item_indptr) {
+}  // namespace
+
+WorkListSize size_work_list(const DecodeLaunch& launch, int32_t num_q_heads, int32_t chunk_tokens) {
+  WorkListSize size;
+  for (int32_t b = 0; b < launch.tables.batch; ++b) {
+    const int64_t chunks = sequence_chunks(launch, b, chunk_tokens).count();
+    size.items += chunks;
+    size.partial_rows += chunks * launch.rows_of(b) * num_q_heads;
+  }
+  return size;
+}
+
+void fill_work_list(const DecodeLaunch& launch, int32_t num_q_heads, int32_t chunk_tokens,
+                    const WorkListArrays& out) {
+  const int32_t batch = launch.tables.batch;
+  assert(out.item_indptr.size() == static_cast<size_t>(batch) + 1);
   int32_t item = 0;
+  int32_t partial = 0;  // the caller checked that every row fits an int32
   for (int32_t b = 0; b < batch; ++b) {
-    item_indptr[b] = item;
-    const int32_t chunks = num_chunks(lengths[b], chunk_tokens);
-    for (int32_t c = 0; c < chunks; ++c, ++item) {
-      item_seq[item] = b;
-      item_chunk[item] = c;
+    out.item_indptr[b] = item;
+    const ChunkSpan chunks = sequence_chunks(launch, b, chunk_tokens);
+    if (!out.splits.empty()) out.splits[b] = chunks.count();
+    for (int32_t c = chunks.first; c < chunks.end; ++c, ++item) {
+      out.item_seq[item] = b;
+      out.item_chunk[item] = c;
+      out.item_partial[item] = partial;
+      partial += launch.rows_of(b) * num_q_heads;
     }
   }
-  item_indptr[batch] = item;
+  out.item_indptr[batch] = item;
 }
 
 }  // namespace pagoda::cuda

@@ -1,9 +1,11 @@
 #pragma once
 // The flat work list of a decode launch, built on the host: one item per
-// (sequence, chunk), sequence-major and in chunk order, so short sequences launch
-// no empty chunks and the merge finds a sequence's partials contiguous.
+// (sequence, chunk some query row of it attends), sequence-major and in chunk
+// order, so short sequences launch no empty chunks, chunks outside every row's
+// window launch nothing, and the merge finds a sequence's partials contiguous.
 
 #include <cstdint>
+#include <span>
 
 #include "pagoda/backend.h"
 
@@ -14,11 +16,22 @@ namespace pagoda::cuda {
 int32_t launch_chunk_tokens(const DecodeLaunch& launch, const CacheGeometry& g,
                             int32_t num_workers);
 
-// Sum over the batch of num_chunks(lengths[b], chunk_tokens).
-int64_t count_work_items(const int32_t* lengths, int32_t batch, int32_t chunk_tokens);
+// How many items and partial-state rows a launch's work list holds.
+struct WorkListSize {
+  int64_t items = 0;
+  int64_t partial_rows = 0;  // sum over items of (rows of its sequence) * num_q_heads
+};
+WorkListSize size_work_list(const DecodeLaunch& launch, int32_t num_q_heads, int32_t chunk_tokens);
 
-// item_seq, item_chunk: [count_work_items(...)]; item_indptr: [batch + 1].
-void fill_work_list(const int32_t* lengths, int32_t batch, int32_t chunk_tokens,
-                    int32_t* item_seq, int32_t* item_chunk, int32_t* item_indptr);
+// The work list's arrays, each of the size its comment gives.
+struct WorkListArrays {
+  std::span<int32_t> item_seq;      // [items]
+  std::span<int32_t> item_chunk;    // [items]
+  std::span<int32_t> item_partial;  // [items] first partial row of the item
+  std::span<int32_t> item_indptr;   // [batch + 1]
+  std::span<int32_t> splits;        // [batch] chunks launched per sequence; may be empty
+};
+void fill_work_list(const DecodeLaunch& launch, int32_t num_q_heads, int32_t chunk_tokens,
+                    const WorkListArrays& out);
 
 }  // namespace pagoda::cuda

@@ -110,15 +110,57 @@ struct LaunchInputs {
   }
 };
 
+struct BuiltWorkList {
+  WorkListSize size;
+  std::vector<int32_t> seq, chunk, partial, indptr, splits;
+};
+
+BuiltWorkList build_work_list(const DecodeLaunch& l, int32_t heads, int32_t chunk_tokens) {
+  BuiltWorkList w;
+  w.size = size_work_list(l, heads, chunk_tokens);
+  const auto items = static_cast<size_t>(w.size.items);
+  w.seq.resize(items);
+  w.chunk.resize(items);
+  w.partial.resize(items);
+  w.indptr.resize(static_cast<size_t>(l.tables.batch) + 1);
+  w.splits.resize(static_cast<size_t>(l.tables.batch));
+  fill_work_list(l, heads, chunk_tokens, {w.seq, w.chunk, w.partial, w.indptr, w.splits});
+  return w;
+}
+
 TEST(CudaWorkList, OneItemPerChunkSequenceMajorWithNoneForEmptySequences) {
   const std::vector<int32_t> lengths = {0, 1, 512, 513, 1000, 0};
-  const int32_t batch = static_cast<int32_t>(lengths.size());
-  ASSERT_EQ(count_work_items(lengths.data(), batch, 512), 6);
-  std::vector<int32_t> seq(6), chunk(6), indptr(batch + 1);
-  fill_work_list(lengths.data(), batch, 512, seq.data(), chunk.data(), indptr.data());
-  EXPECT_EQ(seq, (std::vector<int32_t>{1, 2, 3, 3, 4, 4}));
-  EXPECT_EQ(chunk, (std::vector<int32_t>{0, 0, 0, 1, 0, 1}));
-  EXPECT_EQ(indptr, (std::vector<int32_t>{0, 0, 1, 2, 4, 6, 6}));
+  DecodeLaunch l;
+  l.tables.batch = static_cast<int32_t>(lengths.size());
+  l.tables.lengths = lengths.data();
+  const BuiltWorkList w = build_work_list(l, 8, 512);
+  ASSERT_EQ(w.size.items, 6);
+  EXPECT_EQ(w.size.partial_rows, 6 * 8);
+  EXPECT_EQ(w.seq, (std::vector<int32_t>{1, 2, 3, 3, 4, 4}));
+  EXPECT_EQ(w.chunk, (std::vector<int32_t>{0, 0, 0, 1, 0, 1}));
+  EXPECT_EQ(w.partial, (std::vector<int32_t>{0, 8, 16, 24, 32, 40}));
+  EXPECT_EQ(w.indptr, (std::vector<int32_t>{0, 0, 1, 2, 4, 6, 6}));
+  EXPECT_EQ(w.splits, (std::vector<int32_t>{0, 1, 1, 2, 2, 0}));
+}
+
+// Rows and windows (DESIGN §9): only the chunks some row attends get an item,
+// and each item holds a partial per (row, query head) of its sequence.
+TEST(CudaWorkList, ItemsCoverTheChunksTheRowsAttendWithAPartialPerRowAndHead) {
+  const std::vector<int32_t> lengths = {1100, 700};
+  const std::vector<int32_t> q_indptr = {0, 5, 6};
+  DecodeLaunch l;
+  l.tables.batch = 2;
+  l.tables.lengths = lengths.data();
+  l.q_indptr = q_indptr.data();
+  l.sliding_window = 100;  // rows of seq 0 at 1095..1099: keys 996..1099, chunks 1 and 2
+  const BuiltWorkList w = build_work_list(l, 8, 512);
+  ASSERT_EQ(w.size.items, 3);
+  EXPECT_EQ(w.size.partial_rows, 2 * 5 * 8 + 1 * 8);
+  EXPECT_EQ(w.seq, (std::vector<int32_t>{0, 0, 1}));
+  EXPECT_EQ(w.chunk, (std::vector<int32_t>{1, 2, 1}));  // seq 1: keys 600..699
+  EXPECT_EQ(w.partial, (std::vector<int32_t>{0, 40, 80}));
+  EXPECT_EQ(w.indptr, (std::vector<int32_t>{0, 2, 3}));
+  EXPECT_EQ(w.splits, (std::vector<int32_t>{2, 1}));
 }
 
 TEST(CudaWorkList, DeterministicChunksIgnoreTheWorkerCountFastChunksDoNot) {

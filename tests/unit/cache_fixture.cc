@@ -21,7 +21,7 @@ float round_to(float x, DType dtype) {
 
 CacheFixture::CacheFixture(const FixtureOptions& options) : geometry_(options.geometry), rng_(options.seed) {
   BackendOptions bo;
-  bo.kind = "cpu";
+  bo.kind = options.backend;
   bo.geometry = geometry_;
   bo.cpu_threads = options.threads;
   auto backend = make_backend(bo);

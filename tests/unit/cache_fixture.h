@@ -1,12 +1,14 @@
 #pragma once
-// A CPU backend and cache manager filled with seeded random K/V, mirrored in
-// double exactly as stored (rounded to the cache dtype) for the reference.
+// A backend (the CPU one unless told) and a cache manager filled with seeded
+// random K/V, mirrored in double exactly as stored (rounded to the cache
+// dtype) for the reference.
 // The whole pool starts as NaN: free blocks and the unused tail of every last
 // block stay NaN, so any read past a sequence's length poisons the output.
 
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cache/cache_manager.h"
@@ -26,8 +28,9 @@ struct DecodeVariant {
 
 struct FixtureOptions {
   CacheGeometry geometry;
-  int32_t threads = 1;
+  int32_t threads = 1;  // CPU backend workers
   uint64_t seed = 1;
+  std::string backend = "cpu";  // a make_backend kind
 };
 
 class CacheFixture {

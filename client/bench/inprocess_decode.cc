@@ -1,4 +1,5 @@
 #include "inprocess_decode.h"
+#include "service_workload.h"
 
 #include <chrono>
 #include <numeric>
@@ -56,9 +57,13 @@ client::Result<InprocessResult> measure_inprocess(const client::ServerConfig& co
       lengths(shape.batch, shape.context);
   for (int32_t b = 0; b <= shape.batch; ++b) indptr[b] = b * per_seq;
   std::iota(ids.begin(), ids.end(), 0);
-  const auto q = rng.normal(static_cast<int64_t>(shape.batch) * config.q_row());
-  std::vector<float> out(q.size());                                  // [batch, q_heads, head_dim]
-  std::vector<float> lse(static_cast<size_t>(shape.batch) * config.num_q_heads);  // [batch, q_heads]
+  const int32_t q_len = std::min(shape.q_len, std::max(shape.context, 1));
+  const int64_t rows = static_cast<int64_t>(shape.batch) * q_len;
+  const auto q = rng.normal(rows * config.q_row());
+  std::vector<float> out(q.size());                                  // [rows, q_heads, head_dim]
+  std::vector<float> lse(static_cast<size_t>(rows) * config.num_q_heads);  // [rows, q_heads]
+  std::vector<int32_t> q_indptr(shape.batch + 1);
+  for (int32_t b = 0; b <= shape.batch; ++b) q_indptr[b] = b * q_len;
   std::vector<int32_t> splits(shape.batch);
   DecodeLaunch launch{.layer = 0,
                       .tables = {shape.batch, indptr.data(), ids.data(), lengths.data()},
@@ -67,6 +72,8 @@ client::Result<InprocessResult> measure_inprocess(const client::ServerConfig& co
                       .scale = 1.f / std::sqrt(static_cast<float>(config.head_dim)),
                       .mode = config.deterministic ? SplitMode::kDeterministic : SplitMode::kFast,
                       .split_tokens = config.split_tokens > 0 ? config.split_tokens : 512};
+  launch.q_indptr = q_len > 1 ? q_indptr.data() : nullptr;
+  launch.sliding_window = shape.window;
   DecodeOutputs outputs{.out = out.data(), .lse = lse.data(), .splits = splits.data()};
 
   std::vector<double> latencies;
@@ -84,8 +91,8 @@ client::Result<InprocessResult> measure_inprocess(const client::ServerConfig& co
   r.latency = summarize(latencies);
   r.device = (*backend)->device_name();
   const double mean_s = r.latency.mean_us * 1e-6;
-  const double kv_bytes = static_cast<double>(shape.batch) * shape.context * 2.0 * config.kv_row() *
-                          static_cast<double>(dtype_size(config.cache_dtype));
+  const double kv_bytes = static_cast<double>(shape.batch) * attended_keys(shape.context, q_len, shape.window) *
+                          2.0 * config.kv_row() * static_cast<double>(dtype_size(config.cache_dtype));
   r.sequences_per_s = shape.batch / mean_s;
   r.kv_bytes_per_s = kv_bytes / mean_s;
   return r;

@@ -18,6 +18,8 @@ struct InprocessShape {
   std::string backend = "cpu";  // the server's backend kind
   int32_t batch = 1;
   int32_t context = 128;
+  int32_t q_len = 1;            // query rows per sequence
+  int32_t window = 0;           // sliding window, 0: none
   int32_t threads = 0;          // backend threads (0 = all cores, as the server's default)
   double min_seconds = 0.5;     // time at least this long (and at least `min_iters` launches)
   int64_t min_iters = 20;

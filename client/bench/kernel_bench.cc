@@ -22,6 +22,8 @@ struct KernelOptions {
   std::string backend = "cpu";
   int32_t batch = 8;
   std::vector<int32_t> contexts = {4096};
+  std::vector<int32_t> q_lens = {1};    // query rows per sequence
+  std::vector<int32_t> windows = {0};   // sliding windows, 0: none
   int32_t q_heads = 32;
   int32_t kv_heads = 8;
   int32_t head_dim = 128;
@@ -116,9 +118,11 @@ int run(const KernelOptions& o) {
   std::vector<int32_t> indptr(o.batch + 1), ids(static_cast<size_t>(o.batch) * blocks_per_seq);
   for (int32_t b = 0; b <= o.batch; ++b) indptr[b] = b * blocks_per_seq;
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-  std::vector<float> q(static_cast<size_t>(o.batch) * g.num_q_heads * g.head_dim);
+  const int32_t max_q_len = *std::max_element(o.q_lens.begin(), o.q_lens.end());
+  const size_t max_rows = static_cast<size_t>(o.batch) * max_q_len;
+  std::vector<float> q(max_rows * g.num_q_heads * g.head_dim);
   for (size_t i = 0; i < q.size(); ++i) q[i] = value_at(i + (1ull << 60));
-  std::vector<float> out(q.size()), lse(static_cast<size_t>(o.batch) * g.num_q_heads);
+  std::vector<float> out(q.size()), lse(max_rows * g.num_q_heads);
   std::vector<int32_t> splits(o.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
 
@@ -141,8 +145,7 @@ int run(const KernelOptions& o) {
     const double fma_peak = cpu ? cpu::measure_fma_peak(report.threads) : 0.0;
     for (int32_t context : o.contexts) {
       std::vector<int32_t> lengths(o.batch, context);
-      const double kv_bytes = static_cast<double>(o.batch) * context * g.token_kv_bytes();
-      double naive_s = 0;
+      double naive_s = 0;  // the naive path: one row per sequence, no window
       if (o.naive && cpu) {
         std::vector<double> times;
         for (int32_t i = 0; i < std::max(3, o.iters / 5); ++i) {
@@ -152,48 +155,62 @@ int run(const KernelOptions& o) {
         }
         naive_s = median(times);
       }
-      for (const std::string& mode : o.modes) {
-        DecodeLaunch launch;
-        launch.tables = {o.batch, indptr.data(), ids.data(), lengths.data()};
-        launch.q = q.data();
-        launch.scale = scale;
-        launch.mode = mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
-        launch.split_tokens = o.split_tokens;
-        DecodeOutputs d{out.data(), lse.data(), splits.data()};
-        // Rounds of (baseline, a few launches), so that both see the same
-        // moment of a shared machine; the medians over rounds are reported.
-        std::vector<double> times, baselines;
-        const int32_t per_round = std::max(1, o.iters / o.rounds);
-        for (int32_t i = 0; i < 2; ++i) (void)stream.decode(launch, d);  // warm-up
-        for (int32_t round = 0; round < o.rounds; ++round) {
-          auto baseline = stream.measure_memory_bandwidth(static_cast<int64_t>(kv_bytes));
-          if (!baseline.ok()) {
-            fmt::print(stderr, "pagoda-bench kernel: bandwidth: {}\n", baseline.status().message());
-            return 1;
-          }
-          baselines.push_back(*baseline);
-          std::vector<double> round_times;
-          for (int32_t i = 0; i < per_round; ++i) {
-            const Status s = stream.decode(launch, d);
-            if (!s.ok()) {
-              fmt::print(stderr, "pagoda-bench kernel: decode: {}\n", s.message());
-              return 1;
+      for (int32_t q_len : o.q_lens) {
+        if (q_len > context) continue;
+        std::vector<int32_t> q_indptr(o.batch + 1);
+        for (int32_t b = 0; b <= o.batch; ++b) q_indptr[b] = b * q_len;
+        for (int32_t window : o.windows) {
+          // Keys some row attends: from the first row's window start to the end.
+          const int64_t first_key = window > 0 ? std::max<int64_t>(0, context - q_len - window + 1) : 0;
+          const double kv_bytes = static_cast<double>(o.batch) * (context - first_key) * g.token_kv_bytes();
+          for (const std::string& mode : o.modes) {
+            DecodeLaunch launch;
+            launch.tables = {o.batch, indptr.data(), ids.data(), lengths.data()};
+            launch.q = q.data();
+            launch.scale = scale;
+            launch.mode = mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
+            launch.split_tokens = o.split_tokens;
+            launch.q_indptr = q_len > 1 ? q_indptr.data() : nullptr;
+            launch.sliding_window = window;
+            DecodeOutputs d{out.data(), lse.data(), splits.data()};
+            // Rounds of (baseline, a few launches), so that both see the same
+            // moment of a shared machine; the medians over rounds are reported.
+            std::vector<double> times, baselines;
+            const int32_t per_round = std::max(1, o.iters / o.rounds);
+            for (int32_t i = 0; i < 2; ++i) (void)stream.decode(launch, d);  // warm-up
+            for (int32_t round = 0; round < o.rounds; ++round) {
+              auto baseline = stream.measure_memory_bandwidth(static_cast<int64_t>(kv_bytes));
+              if (!baseline.ok()) {
+                fmt::print(stderr, "pagoda-bench kernel: bandwidth: {}\n", baseline.status().message());
+                return 1;
+              }
+              baselines.push_back(*baseline);
+              std::vector<double> round_times;
+              for (int32_t i = 0; i < per_round; ++i) {
+                const Status s = stream.decode(launch, d);
+                if (!s.ok()) {
+                  fmt::print(stderr, "pagoda-bench kernel: decode: {}\n", s.message());
+                  return 1;
+                }
+                round_times.push_back(d.attention_seconds);
+              }
+              times.push_back(median(round_times));
             }
-            round_times.push_back(d.attention_seconds);
+            KernelRow r;
+            r.target = target_name;
+            r.context = context;
+            r.q_len = q_len;
+            r.window = window;
+            r.mode = mode;
+            r.kernel_s = median(times);
+            r.kv_bytes = kv_bytes;
+            r.baseline = median(baselines);
+            r.fma_peak = fma_peak;
+            r.naive_s = q_len == 1 && window == 0 ? naive_s : 0;
+            r.chunk_tokens = d.chunk_tokens;
+            report.rows.push_back(r);
           }
-          times.push_back(median(round_times));
         }
-        KernelRow r;
-        r.target = target_name;
-        r.context = context;
-        r.mode = mode;
-        r.kernel_s = median(times);
-        r.kv_bytes = kv_bytes;
-        r.baseline = median(baselines);
-        r.fma_peak = fma_peak;
-        r.naive_s = naive_s;
-        r.chunk_tokens = d.chunk_tokens;
-        report.rows.push_back(r);
       }
     }
   }
@@ -216,6 +233,12 @@ void add_kernel_command(CLI::App& app) {
   sub->add_option("--context", o->contexts, "tokens per sequence (comma-separated list)")
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--q-len", o->q_lens, "query rows per sequence, its last tokens (comma-separated list)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--window", o->windows, "sliding windows, 0 = none (comma-separated list)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--q-heads", o->q_heads, "query heads");
   sub->add_option("--kv-heads", o->kv_heads, "KV heads");
   sub->add_option("--head-dim", o->head_dim, "head dimension (64, 128, 256)");

@@ -15,28 +15,29 @@ constexpr const char* kBaselineMethod =
 
 double KernelReport::roofline(const KernelRow& r) const {
   if (r.fma_peak <= 0) return r.baseline;
-  return std::min(r.baseline, r.fma_peak / flops_per_byte());
+  return std::min(r.baseline, r.fma_peak / flops_per_byte(r));
 }
 
 const char* KernelReport::bound(const KernelRow& r) const {
-  return r.fma_peak > 0 && r.fma_peak / flops_per_byte() < r.baseline ? "fma" : "memory";
+  return r.fma_peak > 0 && r.fma_peak / flops_per_byte(r) < r.baseline ? "fma" : "memory";
 }
 
 void print_table(const KernelReport& rep) {
   const CacheGeometry& g = rep.geometry;
   fmt::print("pagoda-bench kernel: {} on {}\n", rep.backend, rep.device);
   fmt::print("shape: batch {}, {} q heads, {} kv heads (group {}), head_dim {}, {} cache, block {}; {:.1f} FLOP per "
-             "K/V byte\nbaseline: {}\n\n",
+             "K/V byte and query row\nbaseline: {}\nK/V bytes: the keys the rows attend (a window reads fewer)\n\n",
              rep.batch, g.num_q_heads, g.num_kv_heads, g.group_size(), g.head_dim, dtype_name(g.dtype), g.block_size,
-             rep.flops_per_byte(), kBaselineMethod);
-  fmt::print("{:>7} {:>8} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>9}\n", "target", "context",
-             "mode", "chunk", "kernel us", "K/V GB/s", "read GB/s", "of read", "FMA GF/s", "of roof", "bound",
-             "vs naive");
+             2.0 * g.group_size() / static_cast<double>(dtype_size(g.dtype)), kBaselineMethod);
+  fmt::print("{:>7} {:>8} {:>5} {:>6} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>9}\n", "target",
+             "context", "q_len", "window", "mode", "chunk", "kernel us", "K/V GB/s", "read GB/s", "of read", "FMA GF/s",
+             "of roof", "bound", "vs naive");
   for (const KernelRow& r : rep.rows) {
-    fmt::print("{:>7} {:>8} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>6} {:>8.1f}x\n",
-               r.target, r.context, r.mode, r.chunk_tokens, r.kernel_s * 1e6, r.bandwidth() / 1e9, r.baseline / 1e9,
-               r.bandwidth() / r.baseline, r.fma_peak / 1e9, r.bandwidth() / rep.roofline(r), rep.bound(r),
-               r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0);
+    fmt::print(
+        "{:>7} {:>8} {:>5} {:>6} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>6} {:>8.1f}x\n",
+        r.target, r.context, r.q_len, r.window, r.mode, r.chunk_tokens, r.kernel_s * 1e6, r.bandwidth() / 1e9,
+        r.baseline / 1e9, r.bandwidth() / r.baseline, r.fma_peak / 1e9, r.bandwidth() / rep.roofline(r), rep.bound(r),
+        r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0);
   }
 }
 
@@ -44,16 +45,19 @@ void print_json(const KernelReport& rep) {
   const CacheGeometry& g = rep.geometry;
   fmt::print("{{\"benchmark\": \"kernel\", \"backend\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"batch\": {}, "
              "\"q_heads\": {}, \"kv_heads\": {}, \"head_dim\": {}, \"dtype\": \"{}\", \"block_size\": {}, "
-             "\"split_tokens\": {}, \"flops_per_kv_byte\": {:.3f}, \"baseline_method\": \"{}\", \"rows\": [",
+             "\"split_tokens\": {}, \"flops_per_kv_byte_and_row\": {:.3f}, \"baseline_method\": \"{}\", \"rows\": [",
              rep.backend, rep.device, rep.threads, rep.batch, g.num_q_heads, g.num_kv_heads, g.head_dim,
-             dtype_name(g.dtype), g.block_size, rep.split_tokens, rep.flops_per_byte(), kBaselineMethod);
+             dtype_name(g.dtype), g.block_size, rep.split_tokens,
+             2.0 * g.group_size() / static_cast<double>(dtype_size(g.dtype)), kBaselineMethod);
   for (size_t i = 0; i < rep.rows.size(); ++i) {
     const KernelRow& r = rep.rows[i];
-    fmt::print("{}{{\"target\": \"{}\", \"context\": {}, \"mode\": \"{}\", \"chunk_tokens\": {}, \"kernel_us\": {:.2f}, "
+    fmt::print("{}{{\"target\": \"{}\", \"context\": {}, \"q_len\": {}, \"window\": {}, \"mode\": \"{}\", "
+               "\"chunk_tokens\": {}, \"kernel_us\": {:.2f}, \"kv_bytes\": {:.0f}, "
                "\"kv_gb_per_s\": {:.3f}, \"baseline_gb_per_s\": {:.3f}, \"fraction_of_baseline\": {:.4f}, "
                "\"fma_peak_gflops\": {:.2f}, \"roofline_gb_per_s\": {:.3f}, \"fraction_of_roofline\": {:.4f}, "
                "\"bound\": \"{}\", \"naive_us\": {:.2f}, \"speedup_over_naive\": {:.3f}}}",
-               i ? ", " : "", r.target, r.context, r.mode, r.chunk_tokens, r.kernel_s * 1e6, r.bandwidth() / 1e9,
+               i ? ", " : "", r.target, r.context, r.q_len, r.window, r.mode, r.chunk_tokens, r.kernel_s * 1e6,
+               r.kv_bytes, r.bandwidth() / 1e9,
                r.baseline / 1e9, r.bandwidth() / r.baseline, r.fma_peak / 1e9, rep.roofline(r) / 1e9,
                r.bandwidth() / rep.roofline(r), rep.bound(r), r.naive_s * 1e6,
                r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0);

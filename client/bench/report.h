@@ -25,7 +25,7 @@ struct ModeReport {
   double server_compute_us = 0;
   double server_total_us = 0;
   // Mean latency minus the server's own total: the client, gRPC and the network
-  // (for a stream with a window > 1, also the wait behind earlier requests).
+  // (for a stream with more than one request in flight, also the wait behind earlier requests).
   double outside_server_us = 0;
   // The in-process kernel on the same batch at the mean context of each round,
   // and the round's service sequences/s over its own (0 when not measured).

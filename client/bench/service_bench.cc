@@ -48,6 +48,7 @@ ModeReport run_mode(const ServiceBenchArgs& a, const client::ServerConfig& confi
     if (!a.inprocess || total.errors) continue;
     const InprocessShape ishape{.backend = config.backend, .batch = shape.batch,
                                 .context = static_cast<int32_t>(std::lround(ctx)),
+                                .q_len = shape.q_len, .window = shape.window,
                                 .threads = a.inprocess_threads, .min_seconds = 0.3};
     auto inproc = measure_inprocess(config, ishape);
     if (!inproc.ok()) {
@@ -146,8 +147,13 @@ void add_service_command(CLI::App& app, int& exit_code) {
   sub->add_option("--warmup", a->shape.warmup, "Unmeasured calls per client first")->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_flag("!--no-append", a->shape.append,
                 "Decode without appending k/v, so that lengths stay at --context (a fixed shape)");
-  sub->add_option("--window", a->shape.window, "Stream: requests in flight per stream (pipelining)")
+  sub->add_option("--in-flight", a->shape.in_flight, "Stream: requests in flight per stream (pipelining)")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--q-len", a->shape.q_len,
+                  "Query rows per sequence and call (draft verification); each appends as many tokens")
+      ->check(CLI::Range(1, 1024))->capture_default_str();
+  sub->add_option("--window", a->shape.window, "Sliding window of every call (0 = none)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_option("--dtype", a->dtype, "Wire dtype of q, k, v")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))->capture_default_str();
   sub->add_flag("!--no-baseline", a->baseline, "Skip the GetConfig round-trip baseline");

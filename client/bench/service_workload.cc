@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "pagoda/key_ranges.h"
 #include "random_tensors.h"
 
 namespace pagoda::bench {
@@ -23,6 +24,7 @@ struct ThreadResult {
   int64_t calls = 0;
   int64_t sequences = 0;
   int64_t kv_bytes = 0;
+  int64_t length_sum = 0;
   double queue_us = 0, compute_us = 0, total_us = 0;  // sums
   int64_t errors = 0;
   std::string first_error;
@@ -31,12 +33,16 @@ struct ThreadResult {
   void failed(const client::Error& e) {
     if (errors++ == 0) first_error = e.to_string();
   }
-  void answered(const client::DecodeResult& r, int64_t token_kv_bytes, double latency_us, bool record) {
+  void answered(const client::DecodeResult& r, const WorkloadShape& shape, int64_t token_kv_bytes,
+                double latency_us, bool record) {
     if (!record) return;
     latencies_us.push_back(latency_us);
     ++calls;
     sequences += static_cast<int64_t>(r.lengths.size());
-    for (int32_t len : r.lengths) kv_bytes += len * token_kv_bytes;
+    for (int32_t len : r.lengths) {
+      kv_bytes += attended_keys(len, shape.q_len, shape.window) * token_kv_bytes;
+      length_sum += len;
+    }
     queue_us += r.timing.queue_us;
     compute_us += r.timing.compute_us;
     total_us += r.timing.total_us;
@@ -62,16 +68,21 @@ class ClientThread {
                const ClientSequences& seqs, uint64_t seed)
       : client_(c), config_(config), shape_(shape), seqs_(seqs) {
     client::RandomTensors rng(seed);
-    tensors_.q = rng.normal(shape.batch * config.q_row());
-    tensors_.k = rng.normal(shape.batch * config.kv_row());
-    tensors_.v = rng.normal(shape.batch * config.kv_row());
+    const int64_t rows = static_cast<int64_t>(shape.batch) * shape.q_len;
+    tensors_.q = rng.normal(rows * config.q_row());
+    tensors_.k = rng.normal(rows * config.kv_row());
+    tensors_.v = rng.normal(rows * config.kv_row());
+    if (shape.q_len > 1) q_lengths_.assign(static_cast<size_t>(shape.batch), shape.q_len);
     token_kv_bytes_ = 2 * config.kv_row() * static_cast<int64_t>(dtype_size(config.cache_dtype));
   }
 
   client::DecodeArgs args(int64_t step) const {
-    return {.layer = static_cast<int32_t>(step % shape_.layers), .sequence_ids = seqs_.ids,
-            .q = tensors_.q, .k = kv(tensors_.k), .v = kv(tensors_.v), .q_dtype = shape_.dtype,
-            .kv_dtype = shape_.dtype};
+    client::DecodeArgs a{.layer = static_cast<int32_t>(step % shape_.layers), .sequence_ids = seqs_.ids,
+                         .q = tensors_.q, .k = kv(tensors_.k), .v = kv(tensors_.v), .q_dtype = shape_.dtype,
+                         .kv_dtype = shape_.dtype};
+    a.q_lengths = q_lengths_;
+    a.sliding_window = shape_.window;
+    return a;
   }
 
   std::span<const float> kv(const std::vector<float>& t) const {
@@ -84,7 +95,7 @@ class ClientThread {
       auto r = client_.decode(args(i));
       const double us = micros(Clock::now() - t0);
       if (!r.ok()) out.failed(r.error());
-      else out.answered(*r, token_kv_bytes_, us, record);
+      else out.answered(*r, shape_, token_kv_bytes_, us, record);
     }
   }
 
@@ -102,13 +113,13 @@ class ClientThread {
     }
   }
 
-  // Keeps `shape.window` requests in flight on the stream; latency of each is
+  // Keeps `shape.in_flight` requests in flight on the stream; latency of each is
   // from its send to its response.
   void stream(client::DecodeStream& s, const PhaseEnd& end, bool record, ThreadResult& out) {
     std::deque<Clock::time_point> sent;
     int64_t sent_n = 0;
     while (out.errors == 0) {
-      while (static_cast<int32_t>(sent.size()) < shape_.window && end.more(sent_n)) {
+      while (static_cast<int32_t>(sent.size()) < shape_.in_flight && end.more(sent_n)) {
         auto id = s.send(args(sent_n++));
         if (!id.ok()) {
           out.failed(id.error());
@@ -121,7 +132,7 @@ class ClientThread {
       const double us = micros(Clock::now() - sent.front());
       sent.pop_front();
       if (!r.ok()) out.failed(r.error());
-      else out.answered(*r, token_kv_bytes_, us, record);
+      else out.answered(*r, shape_, token_kv_bytes_, us, record);
     }
   }
 
@@ -132,6 +143,7 @@ class ClientThread {
   const ClientSequences& seqs_;
   StepTensors tensors_;
   int64_t token_kv_bytes_ = 0;
+  std::vector<int32_t> q_lengths_;  // [batch] q_len each, or empty for one row
 };
 
 }  // namespace
@@ -179,12 +191,15 @@ void free_sequences(client::Client& c, const std::vector<ClientSequences>& seqs)
     for (uint64_t id : s.ids) (void)c.free_sequence(id);
 }
 
+int64_t attended_keys(int32_t length, int32_t q_len, int32_t window) {
+  if (length <= 0) return 0;
+  const int32_t rows = q_len < length ? q_len : length;
+  return length - row_keys(length, rows, 0, window).begin;
+}
+
 double mean_context(const RunResult& run, const client::ServerConfig& config) {
-  const double token_kv_bytes = 2.0 * static_cast<double>(config.kv_row()) *
-                                static_cast<double>(dtype_size(config.cache_dtype));
-  return run.sequences > 0
-             ? static_cast<double>(run.kv_bytes) / token_kv_bytes / static_cast<double>(run.sequences)
-             : 0.0;
+  (void)config;
+  return run.sequences > 0 ? static_cast<double>(run.length_sum) / static_cast<double>(run.sequences) : 0.0;
 }
 
 void accumulate(RunResult& total, RunResult&& part) {
@@ -200,6 +215,7 @@ void accumulate(RunResult& total, RunResult&& part) {
   total.calls += part.calls;
   total.sequences += part.sequences;
   total.kv_bytes += part.kv_bytes;
+  total.length_sum += part.length_sum;
   total.errors += part.errors;
   if (total.first_error.empty()) total.first_error = part.first_error;
 }
@@ -258,6 +274,7 @@ RunResult run_clients(const std::string& address, const client::ServerConfig& co
     run.calls += r.calls;
     run.sequences += r.sequences;
     run.kv_bytes += r.kv_bytes;
+    run.length_sum += r.length_sum;
     run.server_queue_us += r.queue_us;
     run.server_compute_us += r.compute_us;
     run.server_total_us += r.total_us;

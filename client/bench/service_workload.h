@@ -23,7 +23,9 @@ struct WorkloadShape {
   int64_t steps = 200;        // measured calls per client (when duration_s is 0)
   double duration_s = 0;      // measured seconds per mode instead of a step count
   int64_t warmup = 20;        // unmeasured calls per client first
-  int32_t window = 1;         // stream only: requests in flight per stream
+  int32_t in_flight = 1;      // stream only: requests in flight per stream
+  int32_t q_len = 1;          // query rows (and appended tokens) per sequence and call
+  int32_t window = 0;         // sliding window of every call, 0: none
   bool append = true;         // each call appends a token (false: lengths stay at context)
   DType dtype = DType::kFloat32;  // wire dtype of q, k, v
 };
@@ -46,7 +48,8 @@ struct RunResult {
   double wall_s = 0;                 // first measured call sent to last answered
   int64_t calls = 0;
   int64_t sequences = 0;             // sequence-steps decoded (calls * batch)
-  int64_t kv_bytes = 0;              // K/V bytes attended over, from the lengths returned
+  int64_t kv_bytes = 0;              // K/V bytes attended over (attended_keys of the lengths returned)
+  int64_t length_sum = 0;            // sum of the lengths returned
   double server_queue_us = 0;        // means of the server's own timing
   double server_compute_us = 0;
   double server_total_us = 0;
@@ -54,7 +57,11 @@ struct RunResult {
   std::string first_error;
 };
 
-// Mean tokens attended per sequence over a run's calls.
+// Keys the rows of a sequence of `length` tokens attend: from the first row's
+// window start to the end (DESIGN §9).
+int64_t attended_keys(int32_t length, int32_t q_len, int32_t window);
+
+// Mean sequence length over a run's calls.
 double mean_context(const RunResult& run, const client::ServerConfig& config);
 
 // Adds `part` (a later run of the same mode) into `total`: latencies, counts,

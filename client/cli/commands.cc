@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,7 @@ struct AppendArgs {
   std::string k_file;
   std::string v_file;
   std::string dtype = "fp32";
+  int32_t expected_length = -1;  // -1: unchecked
 };
 
 int run_append(const CliContext& ctx, const AppendArgs& a) {
@@ -65,7 +68,9 @@ int run_append(const CliContext& ctx, const AppendArgs& a) {
     k = rng.normal(a.tokens * config->kv_row());
     v = rng.normal(a.tokens * config->kv_row());
   }
-  auto length = client->append_kv(a.sequence_id, a.layer, k, v, to_dtype(a.dtype));
+  const std::optional<int32_t> expected =
+      a.expected_length >= 0 ? std::optional<int32_t>(a.expected_length) : std::nullopt;
+  auto length = client->append_kv(a.sequence_id, a.layer, k, v, to_dtype(a.dtype), expected);
   if (!length.ok()) return report_error(length.error());
   fmt::print("sequence {} layer {}: {} tokens\n", a.sequence_id, a.layer, *length);
   return 0;
@@ -81,13 +86,28 @@ struct DecodeCliArgs {
   float scale = 0.f;
   std::string dtype = "fp32";
   int show = 8;
+  std::vector<int32_t> q_lengths;
+  int32_t sliding_window = 0;
+  float soft_cap = 0.f;
+  std::string sinks_file;
+  std::vector<int32_t> expected_lengths;
 };
 
 int run_decode(const CliContext& ctx, const DecodeCliArgs& a) {
   auto client = ctx.connect();
   auto config = client->config();
   if (!config.ok()) return report_error(config.error());
-  const auto batch = static_cast<int64_t>(a.sequence_ids.size());
+  DecodeArgs args{.layer = a.layer, .sequence_ids = a.sequence_ids};
+  args.q_lengths = a.q_lengths;
+  args.sliding_window = a.sliding_window;
+  args.logits_soft_cap = a.soft_cap;
+  args.expected_lengths = a.expected_lengths;
+  if (!a.sinks_file.empty()) {
+    auto sinks = read_float_file(a.sinks_file);
+    if (!sinks.ok()) return report_error(sinks.error());
+    args.sinks = std::move(*sinks);
+  }
+  const int64_t rows = args.rows();
   RandomTensors rng(a.seed);
   std::vector<float> q;
   if (!a.q_file.empty()) {
@@ -95,30 +115,40 @@ int run_decode(const CliContext& ctx, const DecodeCliArgs& a) {
     if (!qf.ok()) return report_error(qf.error());
     q = std::move(*qf);
   } else {
-    q = rng.normal(batch * config->q_row());
+    q = rng.normal(std::max<int64_t>(rows, 0) * config->q_row());
   }
   std::vector<float> k, v;
   if (a.with_kv) {
-    k = rng.normal(batch * config->kv_row());
-    v = rng.normal(batch * config->kv_row());
+    k = rng.normal(std::max<int64_t>(rows, 0) * config->kv_row());
+    v = rng.normal(std::max<int64_t>(rows, 0) * config->kv_row());
   }
   const DType dtype = to_dtype(a.dtype);
-  DecodeArgs args{.layer = a.layer, .sequence_ids = a.sequence_ids, .q = q, .k = k, .v = v,
-                  .q_dtype = dtype, .kv_dtype = dtype, .scale = a.scale, .return_lse = a.lse};
+  args.q = q;
+  args.k = k;
+  args.v = v;
+  args.q_dtype = args.kv_dtype = dtype;
+  args.scale = a.scale;
+  args.return_lse = a.lse;
   auto r = client->decode(args);
   if (!r.ok()) return report_error(r.error());
   fmt::print("lengths {}  splits {}  split_tokens {}  {}\n", r->lengths, r->splits, r->split_tokens,
              r->deterministic ? "deterministic" : "fast");
   fmt::print("timing  queue {:.1f} us  compute {:.1f} us  total {:.1f} us\n", r->timing.queue_us,
              r->timing.compute_us, r->timing.total_us);
-  for (int64_t b = 0; b < batch; ++b) {
-    const auto row = r->output.begin() + b * config->q_row();
-    const auto n = std::min<int64_t>(a.show, config->q_row());
-    fmt::print("seq {} output[0, :{}] = [{:.5f}]\n", a.sequence_ids[b], n,
-               fmt::join(row, row + n, ", "));
-    if (!r->lse.empty()) {
-      const auto l = r->lse.begin() + b * config->num_q_heads;
-      fmt::print("seq {} lse = [{:.5f}]\n", a.sequence_ids[b], fmt::join(l, l + config->num_q_heads, ", "));
+  // One line per query row: "seq 7 row 2" is the third of sequence 7's rows.
+  int64_t out_row = 0;
+  for (size_t b = 0; b < a.sequence_ids.size(); ++b) {
+    const int32_t n_rows = a.q_lengths.empty() ? 1 : a.q_lengths[b];
+    for (int32_t i = 0; i < n_rows; ++i, ++out_row) {
+      const std::string who = a.q_lengths.empty() ? fmt::format("seq {}", a.sequence_ids[b])
+                                                  : fmt::format("seq {} row {}", a.sequence_ids[b], i);
+      const auto row = r->output.begin() + out_row * config->q_row();
+      const auto n = std::min<int64_t>(a.show, config->q_row());
+      fmt::print("{} output[0, :{}] = [{:.5f}]\n", who, n, fmt::join(row, row + n, ", "));
+      if (!r->lse.empty()) {
+        const auto l = r->lse.begin() + out_row * config->num_q_heads;
+        fmt::print("{} lse = [{:.5f}]\n", who, fmt::join(l, l + config->num_q_heads, ", "));
+      }
     }
   }
   return 0;
@@ -157,6 +187,9 @@ void add_rpc_commands(CLI::App& app, CliContext& ctx) {
   vf->needs(kf);
   kf->excludes(tokens);
   add_dtype_option(app_cmd, append->dtype, "K and V");
+  app_cmd->add_option("--expected-length", append->expected_length,
+                      "Refuse (FAILED_PRECONDITION) unless the layer holds exactly this many tokens first")
+      ->check(CLI::NonNegativeNumber);
   app_cmd->callback([&ctx, append] { ctx.exit_code = run_append(ctx, *append); });
 
   auto decode = std::make_shared<DecodeCliArgs>();
@@ -165,13 +198,26 @@ void add_rpc_commands(CLI::App& app, CliContext& ctx) {
       ->required()->delimiter(',');
   dec->add_option("--layer", decode->layer, "Layer")->capture_default_str();
   dec->add_option("--seed", decode->seed, "Seed of the random q (and k/v)")->capture_default_str();
-  dec->add_option("--q-file", decode->q_file, "q as raw little-endian fp32 [batch, q_heads, head_dim]")
+  dec->add_option("--q-file", decode->q_file, "q as raw little-endian fp32 [rows, q_heads, head_dim] (rows: sum of --q-lengths, else one per sequence)")
       ->check(CLI::ExistingFile);
   dec->add_flag("--with-kv", decode->with_kv, "Append a random new token's K/V before attending");
   dec->add_flag("--lse", decode->lse, "Also return the log-sum-exp");
   dec->add_option("--scale", decode->scale, "Softmax scale (0 = 1/sqrt(head_dim))")->capture_default_str();
   dec->add_option("--show", decode->show, "Output values to print per sequence")->capture_default_str();
   add_dtype_option(dec, decode->dtype, "q, k, v and the output");
+  dec->add_option("--q-lengths", decode->q_lengths,
+                  "Query rows per sequence (speculative drafts, chunked prefill): the last rows of each")
+      ->delimiter(',');
+  dec->add_option("--window", decode->sliding_window, "Sliding window W: keys (p - W, p] (0 = none)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  dec->add_option("--soft-cap", decode->soft_cap, "Logit soft-cap c: c * tanh(score / c) (0 = none)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  dec->add_option("--sinks-file", decode->sinks_file,
+                  "Per-head sink logits as raw little-endian fp32 [q_heads], natural log")
+      ->check(CLI::ExistingFile);
+  dec->add_option("--expected-lengths", decode->expected_lengths,
+                  "Length each sequence must have before the append (a safe retry)")
+      ->delimiter(',');
   dec->callback([&ctx, decode] { ctx.exit_code = run_decode(ctx, *decode); });
 
   auto fork_source = std::make_shared<uint64_t>(0);
@@ -188,6 +234,16 @@ void add_rpc_commands(CLI::App& app, CliContext& ctx) {
   free_cmd->callback([&ctx, free_id] {
     auto done = ctx.connect()->free_sequence(*free_id);
     ctx.exit_code = done.ok() ? 0 : report_error(done.error());
+  });
+
+  auto truncate = std::make_shared<std::pair<uint64_t, int32_t>>(0, 0);
+  auto* trunc = app.add_subcommand("truncate", "Cut every layer of a sequence to a length (rejected drafts)");
+  trunc->add_option("--seq", truncate->first, "Sequence id")->required();
+  trunc->add_option("--length", truncate->second, "Tokens to keep")->required()->check(CLI::NonNegativeNumber);
+  trunc->callback([&ctx, truncate] {
+    auto lengths = ctx.connect()->truncate_sequence(truncate->first, truncate->second);
+    ctx.exit_code = lengths.ok() ? (fmt::print("sequence {}: layer lengths {}\n", truncate->first, *lengths), 0)
+                                 : report_error(lengths.error());
   });
 
   auto inspect_id = std::make_shared<uint64_t>(0);

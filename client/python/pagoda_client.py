@@ -111,8 +111,8 @@ def _call(method: str, fn, *args, **kwargs):
 @dataclasses.dataclass
 class DecodeResult:
     request_id: int
-    output: np.ndarray            # [batch, q_heads, head_dim] float32
-    lse: Optional[np.ndarray]     # [batch, q_heads] natural log, or None
+    output: np.ndarray            # [rows, q_heads, head_dim] float32 (rows: sum(q_lengths) or batch)
+    lse: Optional[np.ndarray]     # [rows, q_heads] natural log, or None
     lengths: list                 # [batch] tokens attended per sequence
     splits: list                  # [batch] split-KV chunks per sequence
     split_tokens: int
@@ -158,22 +158,33 @@ class PagodaClient:
         return resp.sequence_id
 
     def append_kv(self, sequence_id: int, layer: int, k: np.ndarray, v: np.ndarray,
-                  dtype="fp32") -> int:
-        """Appends k, v [n, kv_heads, head_dim] to one layer; returns its new length."""
+                  dtype="fp32", expected_length: Optional[int] = None) -> int:
+        """Appends k, v [n, kv_heads, head_dim] to one layer; returns its new length.
+        With expected_length the layer must hold exactly that many tokens first
+        (FAILED_PRECONDITION otherwise, nothing appended): a retry is then safe."""
         k = np.asarray(k, dtype=np.float32)
         v = np.asarray(v, dtype=np.float32)
         req = self.pb.AppendKVRequest(sequence_id=sequence_id, layer=layer,
                                       k=self._tensor(k, dtype), v=self._tensor(v, dtype))
+        if expected_length is not None:
+            req.expected_length = expected_length
         return _call("AppendKV", self.stub.AppendKV, req, timeout=self.timeout).layer_length
 
     def decode(self, layer: int, sequence_ids: Sequence[int], q: np.ndarray,
                k: Optional[np.ndarray] = None, v: Optional[np.ndarray] = None, scale: float = 0.0,
-               return_lse: bool = False, dtype="fp32", request_id: int = 0) -> DecodeResult:
-        """One decode step: q [batch, q_heads, head_dim]; k, v [batch, kv_heads, head_dim]
-        (optional) are appended to `layer` before attending."""
-        req = self._decode_request(layer, sequence_ids, q, k, v, scale, return_lse, dtype, request_id)
+               return_lse: bool = False, dtype="fp32", request_id: int = 0,
+               q_lengths: Optional[Sequence[int]] = None, sliding_window: int = 0,
+               logits_soft_cap: float = 0.0, sinks: Optional[np.ndarray] = None,
+               expected_lengths: Optional[Sequence[int]] = None) -> DecodeResult:
+        """One decode step: q [rows, q_heads, head_dim]; k, v [rows, kv_heads, head_dim]
+        (optional) are appended to `layer` before attending. rows = sum(q_lengths), or
+        one per sequence. The variants (DESIGN §9): q_lengths (query rows per sequence,
+        its last tokens), sliding_window, logits_soft_cap, sinks [q_heads] (natural
+        log), expected_lengths (lengths before the append: a safe retry)."""
+        req = self._decode_request(layer, sequence_ids, q, k, v, scale, return_lse, dtype, request_id,
+                                   q_lengths, sliding_window, logits_soft_cap, sinks, expected_lengths)
         resp = _call("Decode", self.stub.Decode, req, timeout=self.timeout)
-        return self._result(resp, len(sequence_ids))
+        return self._result(resp, _rows(sequence_ids, q_lengths))
 
     def decode_stream(self, requests: Iterable[dict], timeout: Optional[float] = None) -> Iterator[DecodeResult]:
         """DecodeStream: each item of `requests` holds decode()'s keyword arguments;
@@ -185,7 +196,7 @@ class PagodaClient:
             for kwargs in requests:
                 kwargs = dict(kwargs)
                 kwargs.setdefault("request_id", next(self._ids))
-                pending.append((kwargs["request_id"], len(kwargs["sequence_ids"])))
+                pending.append((kwargs["request_id"], _rows(kwargs["sequence_ids"], kwargs.get("q_lengths"))))
                 yield self._decode_request(**kwargs)
 
         responses = self.stub.DecodeStream(messages(), timeout=timeout)
@@ -212,6 +223,14 @@ class PagodaClient:
         _call("FreeSequence", self.stub.FreeSequence,
               self.pb.FreeSequenceRequest(sequence_id=sequence_id), timeout=self.timeout)
 
+    def truncate_sequence(self, sequence_id: int, length: int) -> list:
+        """Cuts every layer longer than `length` to it (rejected drafts); returns the
+        layers' lengths after the cut."""
+        resp = _call("TruncateSequence", self.stub.TruncateSequence,
+                     self.pb.TruncateSequenceRequest(sequence_id=sequence_id, length=length),
+                     timeout=self.timeout)
+        return list(resp.layer_lengths)
+
     def get_sequence(self, sequence_id: int):
         return _call("GetSequence", self.stub.GetSequence,
                      self.pb.GetSequenceRequest(sequence_id=sequence_id), timeout=self.timeout)
@@ -231,30 +250,44 @@ class PagodaClient:
         return self.pb.Tensor(dtype=wire_dtype(dtype), shape=list(values.shape), data=encode(values, dtype))
 
     def _decode_request(self, layer, sequence_ids, q, k=None, v=None, scale=0.0, return_lse=False,
-                        dtype="fp32", request_id=0):
+                        dtype="fp32", request_id=0, q_lengths=None, sliding_window=0, logits_soft_cap=0.0,
+                        sinks=None, expected_lengths=None):
         cfg = self.config()
-        batch = len(sequence_ids)
-        q = np.asarray(q, dtype=np.float32).reshape(batch, cfg.num_q_heads, cfg.head_dim)
+        if q_lengths is not None and len(q_lengths) != len(sequence_ids):
+            raise ValueError(f"q_lengths: expected {len(sequence_ids)} entries (one per sequence), "
+                             f"received {len(q_lengths)}")
+        rows = _rows(sequence_ids, q_lengths)
+        q = np.asarray(q, dtype=np.float32).reshape(rows, cfg.num_q_heads, cfg.head_dim)
         req = self.pb.DecodeRequest(layer=layer, sequence_ids=list(sequence_ids), q=self._tensor(q, dtype),
-                                    scale=scale, return_lse=return_lse, request_id=request_id)
+                                    scale=scale, return_lse=return_lse, request_id=request_id,
+                                    q_lengths=list(q_lengths or []), sliding_window=sliding_window,
+                                    logits_soft_cap=logits_soft_cap,
+                                    expected_lengths=list(expected_lengths or []))
+        if sinks is not None:
+            req.sinks.CopyFrom(self._tensor(np.asarray(sinks, dtype=np.float32).reshape(cfg.num_q_heads), "fp32"))
         if (k is None) != (v is None):
             raise ValueError("k, v: expected both or neither")
         if k is not None:
-            shape = (batch, cfg.num_kv_heads, cfg.head_dim)
+            shape = (rows, cfg.num_kv_heads, cfg.head_dim)
             req.k.CopyFrom(self._tensor(np.asarray(k, dtype=np.float32).reshape(shape), dtype))
             req.v.CopyFrom(self._tensor(np.asarray(v, dtype=np.float32).reshape(shape), dtype))
         return req
 
-    def _result(self, resp, batch: int) -> DecodeResult:
+    def _result(self, resp, rows: int) -> DecodeResult:
         cfg = self.config()
-        out = decode_tensor(resp.output.data, resp.output.dtype, (batch, cfg.num_q_heads, cfg.head_dim), "output")
+        out = decode_tensor(resp.output.data, resp.output.dtype, (rows, cfg.num_q_heads, cfg.head_dim), "output")
         lse = None
         if resp.HasField("lse") and resp.lse.data:
-            lse = decode_tensor(resp.lse.data, FLOAT32, (batch, cfg.num_q_heads), "lse")
+            lse = decode_tensor(resp.lse.data, FLOAT32, (rows, cfg.num_q_heads), "lse")
         return DecodeResult(resp.request_id, out, lse, list(resp.lengths), list(resp.splits),
                             resp.split_tokens, resp.deterministic,
                             {"queue_us": resp.timing.queue_us, "compute_us": resp.timing.compute_us,
                              "total_us": resp.timing.total_us})
+
+
+def _rows(sequence_ids, q_lengths) -> int:
+    """Query rows of a request: sum(q_lengths), or one per sequence."""
+    return int(sum(q_lengths)) if q_lengths else len(sequence_ids)
 
 
 def merge_by_lse(outputs: Sequence[np.ndarray], lses: Sequence[np.ndarray]):

@@ -11,6 +11,13 @@
 
 namespace pagoda::client {
 
+int64_t DecodeArgs::rows() const {
+  if (q_lengths.empty()) return static_cast<int64_t>(sequence_ids.size());
+  int64_t rows = 0;
+  for (int32_t n : q_lengths) rows += n;
+  return rows;
+}
+
 void Client::Impl::prepare(grpc::ClientContext& ctx) const {
   if (options.timeout.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
 }
@@ -64,7 +71,8 @@ Result<uint64_t> Client::create_sequence(const std::string& label) {
 }
 
 Result<int32_t> Client::append_kv(uint64_t sequence_id, int32_t layer, std::span<const float> k,
-                                  std::span<const float> v, DType dtype) {
+                                  std::span<const float> v, DType dtype,
+                                  std::optional<int32_t> expected_length) {
   auto config = this->config();
   if (!config.ok()) return config.error();
   const int64_t row = config->kv_row();
@@ -79,6 +87,7 @@ Result<int32_t> Client::append_kv(uint64_t sequence_id, int32_t layer, std::span
   req.set_layer(layer);
   wire::fill_tensor(*req.mutable_k(), k, dtype, {tokens, config->num_kv_heads, config->head_dim});
   wire::fill_tensor(*req.mutable_v(), v, dtype, {tokens, config->num_kv_heads, config->head_dim});
+  if (expected_length) req.set_expected_length(*expected_length);
   grpc::ClientContext ctx;
   impl_->prepare(ctx);
   v1::AppendKVResponse resp;
@@ -97,7 +106,7 @@ Result<DecodeResult> Client::decode(const DecodeArgs& args) {
   v1::DecodeResponse resp;
   const grpc::Status st = impl_->stub->Decode(&ctx, *req, &resp);
   if (!st.ok()) return error_from_grpc(st, "Decode");
-  return wire::decode_result(resp, *config, args.sequence_ids.size());
+  return wire::decode_result(resp, *config, args.rows());
 }
 
 Result<uint64_t> Client::fork_sequence(uint64_t source_id) {
@@ -120,6 +129,18 @@ Outcome Client::free_sequence(uint64_t sequence_id) {
   const grpc::Status st = impl_->stub->FreeSequence(&ctx, req, &resp);
   if (!st.ok()) return error_from_grpc(st, "FreeSequence");
   return Done{};
+}
+
+Result<std::vector<int32_t>> Client::truncate_sequence(uint64_t sequence_id, int32_t length) {
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::TruncateSequenceRequest req;
+  req.set_sequence_id(sequence_id);
+  req.set_length(length);
+  v1::TruncateSequenceResponse resp;
+  const grpc::Status st = impl_->stub->TruncateSequence(&ctx, req, &resp);
+  if (!st.ok()) return error_from_grpc(st, "TruncateSequence");
+  return std::vector<int32_t>(resp.layer_lengths().begin(), resp.layer_lengths().end());
 }
 
 Result<SequenceInfo> Client::get_sequence(uint64_t sequence_id) {

@@ -33,7 +33,7 @@ struct DecodeStream::Impl {
   ServerConfig config;
   std::unique_ptr<grpc::ClientContext> ctx;
   std::unique_ptr<grpc::ClientReaderWriter<v1::DecodeRequest, v1::DecodeResponse>> rw;
-  std::deque<size_t> batches;  // [outstanding] batch size of each request, in send order
+  std::deque<int64_t> rows;  // [outstanding] query rows of each request, in send order
   bool writes_done = false;
   std::optional<grpc::Status> final_status;  // set once Finish() has been called
 

@@ -39,7 +39,7 @@ Result<uint64_t> DecodeStream::send(const DecodeArgs& args) {
   if (!req.ok()) return req.error();
   if (!impl_->rw->Write(*req)) return closed_error(*impl_);
   pending_.push_back(numbered.request_id);
-  impl_->batches.push_back(numbered.sequence_ids.size());
+  impl_->rows.push_back(numbered.rows());
   return numbered.request_id;
 }
 
@@ -49,9 +49,9 @@ Result<DecodeResult> DecodeStream::receive() {
   v1::DecodeResponse resp;
   if (!impl_->rw->Read(&resp)) return closed_error(*impl_);
   const uint64_t want = pending_.front();
-  const size_t batch = impl_->batches.front();
+  const int64_t rows = impl_->rows.front();
   pending_.pop_front();
-  impl_->batches.pop_front();
+  impl_->rows.pop_front();
   if (resp.request_id() != want) {
     return Error(ErrorCode::kInternal,
                  fmt::format("request_id: expected {} (oldest outstanding), received {}", want,
@@ -61,7 +61,7 @@ Result<DecodeResult> DecodeStream::receive() {
   if (resp.has_error() && resp.error().code() != 0) {
     return Error(static_cast<ErrorCode>(resp.error().code()), resp.error().message(), "DecodeStream");
   }
-  return wire::decode_result(resp, impl_->config, batch);
+  return wire::decode_result(resp, impl_->config, rows);
 }
 
 Result<DecodeResult> DecodeStream::call(const DecodeArgs& args) {
@@ -80,11 +80,11 @@ Outcome DecodeStream::finish() {
   v1::DecodeResponse resp;
   while (!pending_.empty() && !impl_->final_status && impl_->rw->Read(&resp)) {
     pending_.pop_front();
-    impl_->batches.pop_front();
+    impl_->rows.pop_front();
   }
   finished_ = true;
   pending_.clear();
-  impl_->batches.clear();
+  impl_->rows.clear();
   const grpc::Status& st = impl_->finish_once();
   if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED) return error_from_grpc(st, "DecodeStream");
   return Done{};

@@ -50,48 +50,77 @@ void fill_tensor(v1::Tensor& t, std::span<const float> values, DType dtype,
 Result<v1::DecodeRequest> decode_request(const DecodeArgs& args, const ServerConfig& config) {
   const auto batch = static_cast<int64_t>(args.sequence_ids.size());
   if (batch == 0) return invalid_argument("sequence_ids: expected at least 1 id, received 0");
-  if (static_cast<int64_t>(args.q.size()) != batch * config.q_row()) {
-    return size_mismatch("q", batch * config.q_row(), args.q.size(),
-                         fmt::format("[{}, {}, {}]", batch, config.num_q_heads, config.head_dim));
+  if (!args.q_lengths.empty() && static_cast<int64_t>(args.q_lengths.size()) != batch) {
+    return invalid_argument(fmt::format("q_lengths: expected {} entries (one per sequence) or none, received {}",
+                                        batch, args.q_lengths.size()));
+  }
+  for (size_t i = 0; i < args.q_lengths.size(); ++i) {
+    if (args.q_lengths[i] < 1) {
+      return invalid_argument(fmt::format("q_lengths[{}]: expected >= 1, received {}", i, args.q_lengths[i]));
+    }
+  }
+  if (!args.expected_lengths.empty() && static_cast<int64_t>(args.expected_lengths.size()) != batch) {
+    return invalid_argument(fmt::format(
+        "expected_lengths: expected {} entries (one per sequence) or none, received {}", batch,
+        args.expected_lengths.size()));
+  }
+  if (!args.sinks.empty() && static_cast<int64_t>(args.sinks.size()) != config.num_q_heads) {
+    return invalid_argument(fmt::format("sinks: expected {} values (one per query head) or none, received {}",
+                                        config.num_q_heads, args.sinks.size()));
+  }
+  const int64_t rows = args.rows();
+  if (static_cast<int64_t>(args.q.size()) != rows * config.q_row()) {
+    return size_mismatch("q", rows * config.q_row(), args.q.size(),
+                         fmt::format("[{}, {}, {}]", rows, config.num_q_heads, config.head_dim));
   }
   if (args.k.empty() != args.v.empty()) {
     return invalid_argument(fmt::format("k, v: expected both or neither, received k with {} values "
                                         "and v with {}", args.k.size(), args.v.size()));
   }
   const std::string kv_shape =
-      fmt::format("[{}, {}, {}]", batch, config.num_kv_heads, config.head_dim);
-  if (!args.k.empty() && static_cast<int64_t>(args.k.size()) != batch * config.kv_row())
-    return size_mismatch("k", batch * config.kv_row(), args.k.size(), kv_shape);
-  if (!args.v.empty() && static_cast<int64_t>(args.v.size()) != batch * config.kv_row())
-    return size_mismatch("v", batch * config.kv_row(), args.v.size(), kv_shape);
+      fmt::format("[{}, {}, {}]", rows, config.num_kv_heads, config.head_dim);
+  if (!args.k.empty() && static_cast<int64_t>(args.k.size()) != rows * config.kv_row())
+    return size_mismatch("k", rows * config.kv_row(), args.k.size(), kv_shape);
+  if (!args.v.empty() && static_cast<int64_t>(args.v.size()) != rows * config.kv_row())
+    return size_mismatch("v", rows * config.kv_row(), args.v.size(), kv_shape);
 
   v1::DecodeRequest req;
   req.set_layer(args.layer);
   req.mutable_sequence_ids()->Add(args.sequence_ids.begin(), args.sequence_ids.end());
-  fill_tensor(*req.mutable_q(), args.q, args.q_dtype, {batch, config.num_q_heads, config.head_dim});
+  fill_tensor(*req.mutable_q(), args.q, args.q_dtype, {rows, config.num_q_heads, config.head_dim});
   if (!args.k.empty()) {
-    fill_tensor(*req.mutable_k(), args.k, args.kv_dtype, {batch, config.num_kv_heads, config.head_dim});
-    fill_tensor(*req.mutable_v(), args.v, args.kv_dtype, {batch, config.num_kv_heads, config.head_dim});
+    fill_tensor(*req.mutable_k(), args.k, args.kv_dtype, {rows, config.num_kv_heads, config.head_dim});
+    fill_tensor(*req.mutable_v(), args.v, args.kv_dtype, {rows, config.num_kv_heads, config.head_dim});
   }
   req.set_scale(args.scale);
   req.set_return_lse(args.return_lse);
   req.set_request_id(args.request_id);
+  req.mutable_q_lengths()->Add(args.q_lengths.begin(), args.q_lengths.end());
+  req.set_sliding_window(args.sliding_window);
+  req.set_logits_soft_cap(args.logits_soft_cap);
+  if (!args.sinks.empty()) {
+    v1::Tensor& sinks = *req.mutable_sinks();
+    sinks.set_dtype(static_cast<v1::DType>(wire_dtype(DType::kFloat32)));
+    sinks.add_shape(config.num_q_heads);
+    sinks.set_data(encode_values(args.sinks, DType::kFloat32));
+  }
+  req.mutable_expected_lengths()->Add(args.expected_lengths.begin(), args.expected_lengths.end());
   return req;
 }
 
 Result<DecodeResult> decode_result(const v1::DecodeResponse& m, const ServerConfig& config,
-                                   size_t batch) {
+                                   int64_t rows) {
   DecodeResult r;
   r.request_id = m.request_id();
   const auto out_dtype = dtype_from_wire(m.output().dtype(), "output");
   if (!out_dtype.ok()) return out_dtype.error();
-  const int64_t out_count = static_cast<int64_t>(batch) * config.q_row();
+  const int64_t out_count = rows * config.q_row();
   auto output = decode_values(m.output().data(), *out_dtype, out_count, "output");
   if (!output.ok()) return output.error();
   r.output = std::move(*output);
   if (m.has_lse() && !m.lse().data().empty()) {
     auto lse = decode_values(m.lse().data(), DType::kFloat32,
-                             static_cast<int64_t>(batch) * config.num_q_heads, "lse");
+                             rows * config.num_q_heads, "lse");
     if (!lse.ok()) return lse.error();
     r.lse = std::move(*lse);
   }

@@ -21,9 +21,9 @@ void fill_tensor(v1::Tensor& t, std::span<const float> values, DType dtype,
 // Checks the arguments against the server's geometry and builds the request.
 Result<v1::DecodeRequest> decode_request(const DecodeArgs& args, const ServerConfig& config);
 
-// Reads a response for a request of `batch` sequences, converting the output
+// Reads a response for a request of `rows` query rows, converting the output
 // from its wire dtype to fp32 and checking every size.
 Result<DecodeResult> decode_result(const v1::DecodeResponse& m, const ServerConfig& config,
-                                   size_t batch);
+                                   int64_t rows);
 
 }  // namespace pagoda::client::wire

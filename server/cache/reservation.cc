@@ -146,10 +146,11 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
   for (size_t i = 0; i < request.expected_lengths.size(); ++i) {
     const int32_t have = seqs_[i]->reserved_length(layer);
     if (have != request.expected_lengths[i]) {
+      const std::string field =
+          request.expected_length_is_scalar ? "expected_length" : fmt::format("expected_lengths[{}]", i);
       return Status(StatusCode::kFailedPrecondition,
-                    fmt::format("expected_lengths[{}]: expected sequence {} to hold {} tokens in layer {}, "
-                                "received a sequence holding {}",
-                                i, request.ids[i], request.expected_lengths[i], layer, have));
+                    fmt::format("{}: expected sequence {} to hold {} tokens in layer {}, received a sequence holding {}",
+                                field, request.ids[i], request.expected_lengths[i], layer, have));
     }
   }
   for (size_t i = 0; i < request.query_rows.size(); ++i) {
@@ -341,6 +342,7 @@ StatusOr<int32_t> CacheManager::append(BackendStream& stream, SequenceId id, int
   request.ids = ids;
   request.new_tokens_each = num_tokens;
   if (expected_length) request.expected_lengths = expected;
+  request.expected_length_is_scalar = true;
   PAGODA_RETURN_IF_ERROR(reserve(r, request));
   const KvSource source{k, v, dtype};
   PAGODA_RETURN_IF_ERROR(finish(r, stream, std::span<const KvSource>(&source, 1)));

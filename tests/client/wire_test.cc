@@ -44,6 +44,39 @@ TEST(WireRequest, ShapesDtypesAndFields) {
   EXPECT_EQ(req->request_id(), 42u);
 }
 
+// DESIGN §9: rows = sum(q_lengths) shape q and k/v; the variant fields travel as set.
+TEST(WireRequest, VariantFieldsAndRowShapes) {
+  const ServerConfig c = small_config();
+  const std::vector<float> q(4 * 4 * 8), kv(4 * 2 * 8);
+  const std::vector<uint64_t> ids = {7, 9};
+  DecodeArgs args{.sequence_ids = ids, .q = q, .k = kv, .v = kv};
+  args.q_lengths = {3, 1};
+  args.sliding_window = 128;
+  args.logits_soft_cap = 50.f;
+  args.sinks = {0.5f, -1.f, 2.f, 0.f};
+  args.expected_lengths = {30, 12};
+  EXPECT_EQ(args.rows(), 4);
+  auto req = wire::decode_request(args, c);
+  ASSERT_TRUE(req.ok()) << req.error().to_string();
+  EXPECT_EQ(req->q().shape(0), 4);
+  EXPECT_EQ(req->k().shape(0), 4);
+  EXPECT_EQ(std::vector<int32_t>(req->q_lengths().begin(), req->q_lengths().end()), args.q_lengths);
+  EXPECT_EQ(req->sliding_window(), 128);
+  EXPECT_EQ(req->logits_soft_cap(), 50.f);
+  EXPECT_EQ(req->sinks().dtype(), v1::FLOAT32);
+  EXPECT_EQ(std::vector<int64_t>(req->sinks().shape().begin(), req->sinks().shape().end()),
+            std::vector<int64_t>{4});
+  EXPECT_EQ(req->sinks().data().size(), 16u);
+  EXPECT_EQ(std::vector<int32_t>(req->expected_lengths().begin(), req->expected_lengths().end()),
+            args.expected_lengths);
+  // Defaults leave every variant field unset.
+  auto plain = wire::decode_request({.sequence_ids = {7}, .q = std::span(q).first(32)}, c);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->q_lengths_size(), 0);
+  EXPECT_FALSE(plain->has_sinks());
+  EXPECT_EQ(plain->expected_lengths_size(), 0);
+}
+
 TEST(WireRequest, WithoutKvLeavesThemUnset) {
   const std::vector<float> q(4 * 8);
   const std::vector<uint64_t> ids = {1};
@@ -67,6 +100,11 @@ TEST(WireRequest, ClientSideChecksNameTheField) {
       {"short q", {.sequence_ids = one, .q = short_q}, "q: expected 32"},
       {"k without v", {.sequence_ids = one, .q = q, .k = kv}, "k, v"},
       {"short k", {.sequence_ids = one, .q = q, .k = std::span(kv).first(3), .v = kv}, "k: expected 16"},
+      {"q_lengths size", {.sequence_ids = one, .q = q, .q_lengths = {1, 1}}, "q_lengths: expected 1 entries"},
+      {"q_lengths zero", {.sequence_ids = one, .q = q, .q_lengths = {0}}, "q_lengths[0]: expected >= 1"},
+      {"q for rows", {.sequence_ids = one, .q = q, .q_lengths = {2}}, "q: expected 64"},
+      {"sinks size", {.sequence_ids = one, .q = q, .sinks = {1.f}}, "sinks: expected 4 values"},
+      {"expected_lengths size", {.sequence_ids = one, .q = q, .expected_lengths = {1, 2}}, "expected_lengths"},
   };
   for (const Case& tc : cases) {
     auto req = wire::decode_request(tc.args, c);

@@ -216,7 +216,9 @@ TEST_F(VariantTest, ExpectedLengthsMakeARetriedStepSafe) {
   append.set_expected_length(29);
   v1::AppendKVResponse appended;
   grpc::ClientContext ctx2;
-  EXPECT_EQ(stub_->AppendKV(&ctx2, append, &appended).error_code(), grpc::FAILED_PRECONDITION);
+  const grpc::Status stale = stub_->AppendKV(&ctx2, append, &appended);
+  EXPECT_EQ(stale.error_code(), grpc::FAILED_PRECONDITION);
+  EXPECT_EQ(stale.error_message().find("expected_length: expected sequence"), 0u) << stale.error_message();
   append.set_expected_length(30);
   grpc::ClientContext ctx3;
   ASSERT_TRUE(stub_->AppendKV(&ctx3, append, &appended).ok());

@@ -12,8 +12,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "pagoda/client/decode_stream.h"
 #include "pagoda/client/error.h"
@@ -47,12 +49,18 @@ class Client {
 
   Result<uint64_t> create_sequence(const std::string& label = {});
   // Appends n tokens to one layer: k and v are [n, num_kv_heads, head_dim], sent
-  // as `dtype`. Returns the layer's new length.
+  // as `dtype`. With `expected_length`, the layer must hold exactly that many
+  // tokens first (FAILED_PRECONDITION otherwise, nothing appended): a retried
+  // append is then safe. Returns the layer's new length.
   Result<int32_t> append_kv(uint64_t sequence_id, int32_t layer, std::span<const float> k,
-                            std::span<const float> v, DType dtype = DType::kFloat32);
+                            std::span<const float> v, DType dtype = DType::kFloat32,
+                            std::optional<int32_t> expected_length = std::nullopt);
   Result<DecodeResult> decode(const DecodeArgs& args);
   Result<uint64_t> fork_sequence(uint64_t source_id);
   Outcome free_sequence(uint64_t sequence_id);
+  // Cuts every layer longer than `length` to it (rejected draft tokens);
+  // returns the layers' lengths after the cut.
+  Result<std::vector<int32_t>> truncate_sequence(uint64_t sequence_id, int32_t length);
   Result<SequenceInfo> get_sequence(uint64_t sequence_id);
   // grpc.health.v1.Health/Check for `service` ("" = the whole server).
   Result<ServingStatus> health(const std::string& service = {});

@@ -41,14 +41,25 @@ struct ServerConfig {
 struct DecodeArgs {
   int32_t layer = 0;
   std::vector<uint64_t> sequence_ids{};  // [batch], each at most once
-  std::span<const float> q{};            // [batch, num_q_heads, head_dim]
-  std::span<const float> k{};            // [batch, num_kv_heads, head_dim] or empty
-  std::span<const float> v{};            // [batch, num_kv_heads, head_dim] or empty (with k)
+  // Rows: sum(q_lengths) query rows (batch when q_lengths is empty), each
+  // sequence's rows in request order (DESIGN §9).
+  std::span<const float> q{};            // [rows, num_q_heads, head_dim]
+  std::span<const float> k{};            // [rows, num_kv_heads, head_dim] or empty
+  std::span<const float> v{};            // [rows, num_kv_heads, head_dim] or empty (with k)
   DType q_dtype = DType::kFloat32;     // wire dtype of q (and of the output)
   DType kv_dtype = DType::kFloat32;    // wire dtype of k and v
   float scale = 0.f;                   // 0 -> 1/sqrt(head_dim)
   bool return_lse = false;
   uint64_t request_id = 0;             // 0: the client assigns one
+  // Attention variants (DESIGN §9); the defaults are plain causal decode.
+  std::vector<int32_t> q_lengths{};         // [batch] query rows per sequence; empty: 1 each
+  int32_t sliding_window = 0;               // 0: none; W: keys (p - W, p]
+  float logits_soft_cap = 0.f;              // 0: none; c: c * tanh(score / c)
+  std::vector<float> sinks{};               // [num_q_heads] natural-log sink logits; empty: none
+  std::vector<int32_t> expected_lengths{};  // [batch] lengths before the append; empty: unchecked
+
+  // Query rows of the request: sum(q_lengths), or one per sequence.
+  int64_t rows() const;
 };
 
 struct DecodeTiming {
@@ -59,8 +70,8 @@ struct DecodeTiming {
 
 struct DecodeResult {
   uint64_t request_id = 0;
-  std::vector<float> output;    // [batch, num_q_heads, head_dim] (converted from q's dtype)
-  std::vector<float> lse;       // [batch, num_q_heads] natural log; empty unless asked
+  std::vector<float> output;    // [rows, num_q_heads, head_dim] (converted from q's dtype)
+  std::vector<float> lse;       // [rows, num_q_heads] natural log; empty unless asked
   std::vector<int32_t> lengths; // [batch] tokens attended per sequence
   std::vector<int32_t> splits;  // [batch] split-KV chunks per sequence
   int32_t split_tokens = 0;

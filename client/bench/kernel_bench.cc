@@ -82,7 +82,7 @@ Status fill_cache(BackendStream& stream, const CacheGeometry& g, const KernelOpt
 int run(const KernelOptions& o) {
   const auto dtype = parse_dtype(o.dtype);
   if (!dtype) {
-    fmt::print(stderr, "pagoda-bench kernel: --dtype: expected fp32, fp16 or bf16, received '{}'\n", o.dtype);
+    fmt::print(stderr, "pagoda-bench kernel: --dtype: expected fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2, received '{}'\n", o.dtype);
     return 2;
   }
   const bool cpu = o.backend == "cpu";
@@ -243,7 +243,7 @@ void add_kernel_command(CLI::App& app) {
   sub->add_option("--kv-heads", o->kv_heads, "KV heads");
   sub->add_option("--head-dim", o->head_dim, "head dimension (64, 128, 256)");
   sub->add_option("--block-size", o->block_size, "tokens per block");
-  sub->add_option("--dtype", o->dtype, "cache dtype: fp32, fp16, bf16");
+  sub->add_option("--dtype", o->dtype, "cache dtype: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2");
   sub->add_option("--mode", o->modes, "deterministic, fast (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember({"deterministic", "fast"}));

@@ -13,7 +13,7 @@ namespace pagoda::bench {
 NaiveCache::NaiveCache(const CacheGeometry& g, int32_t batch, int32_t max_context)
     : g_(g), batch_(batch), max_context_(max_context) {
   const size_t n = static_cast<size_t>(batch) * g.num_kv_heads * max_context * g.head_dim;
-  if (g.dtype == DType::kFloat32) {
+  if (g.dtype == DType::kFloat32 || is_fp8(g.dtype)) {  // fp8: kept as its values in fp32
     k32_.resize(n);
     v32_.resize(n);
   } else {
@@ -30,6 +30,12 @@ void NaiveCache::store(int32_t b, int32_t t0, int32_t n, const float* k, const f
       if (g_.dtype == DType::kFloat32) {
         std::copy(k + src, k + src + g_.head_dim, k32_.begin() + dst);
         std::copy(v + src, v + src + g_.head_dim, v32_.begin() + dst);
+      } else if (is_fp8(g_.dtype)) {
+        std::vector<uint8_t> codes(static_cast<size_t>(g_.head_dim));
+        convert_from_float(k + src, codes.data(), g_.dtype, g_.head_dim);
+        convert_to_float(codes.data(), g_.dtype, k32_.data() + dst, g_.head_dim);
+        convert_from_float(v + src, codes.data(), g_.dtype, g_.head_dim);
+        convert_to_float(codes.data(), g_.dtype, v32_.data() + dst, g_.head_dim);
       } else {
         convert_from_float(k + src, k16_.data() + dst, g_.dtype, g_.head_dim);
         convert_from_float(v + src, v16_.data() + dst, g_.dtype, g_.head_dim);
@@ -43,6 +49,8 @@ float NaiveCache::load(const std::vector<uint16_t>& pool16, const std::vector<fl
     case DType::kFloat32: return pool32[i];
     case DType::kFloat16: return fp16_to_float(pool16[i]);
     case DType::kBFloat16: return bf16_to_float(pool16[i]);
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: return pool32[i];
   }
   return 0.f;
 }

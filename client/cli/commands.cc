@@ -33,6 +33,7 @@ void print_config(const ServerConfig& c) {
   fmt::print("head_dim           {}\n", c.head_dim);
   fmt::print("block_size         {} tokens\n", c.block_size);
   fmt::print("cache_dtype        {}\n", dtype_name(c.cache_dtype));
+  if (!c.k_scales.empty()) fmt::print("k / v scales       {} / {}\n", c.k_scales, c.v_scales);
   fmt::print("blocks             {} free of {}\n", c.free_blocks, c.total_blocks);
   fmt::print("split_tokens       {} ({})\n", c.split_tokens, c.deterministic ? "deterministic" : "fast");
   fmt::print("max_batch          {} sequences, wait {} us\n", c.max_batch, c.max_batch_wait_us);

@@ -23,9 +23,10 @@ ServerConfig config_from_proto(const v1::GetConfigResponse& m) {
   c.num_kv_heads = m.num_kv_heads();
   c.head_dim = m.head_dim();
   c.block_size = m.block_size();
-  // An unspecified cache dtype would be a server bug; report it as fp32 rather than fail.
-  const auto dtype = dtype_from_wire(m.cache_dtype(), "cache_dtype");
-  c.cache_dtype = dtype.ok() ? *dtype : DType::kFloat32;
+  // Any cache dtype, fp8 included (an unknown one would be a server bug:
+  // reported as fp32 rather than failing).
+  const auto cache = static_cast<DType>(m.cache_dtype());
+  c.cache_dtype = known_dtype(cache) ? cache : DType::kFloat32;
   c.total_blocks = m.total_blocks();
   c.free_blocks = m.free_blocks();
   c.split_tokens = m.split_tokens();
@@ -36,6 +37,8 @@ ServerConfig config_from_proto(const v1::GetConfigResponse& m) {
   c.max_message_bytes = m.max_message_bytes();
   c.max_batch = m.max_batch();
   c.max_batch_wait_us = m.max_batch_wait_us();
+  c.k_scales.assign(m.k_scales().begin(), m.k_scales().end());
+  c.v_scales.assign(m.v_scales().begin(), m.v_scales().end());
   return c;
 }
 

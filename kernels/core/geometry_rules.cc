@@ -1,6 +1,8 @@
 #include "pagoda/geometry_rules.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <iterator>
 
 namespace pagoda {
@@ -27,7 +29,24 @@ Status validate_geometry(const CacheGeometry& g) {
     return InvalidArgument("head_dim: expected 64, 128 or 256, received {}", g.head_dim);
   }
   if (!known_dtype(g.dtype)) {
-    return InvalidArgument("cache dtype: expected fp32, fp16 or bf16, received {}", static_cast<int>(g.dtype));
+    return InvalidArgument("cache dtype: expected fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2, received {}",
+                           static_cast<int>(g.dtype));
+  }
+  return Status::Ok();
+}
+
+Status validate_kv_scales(std::span<const KvScale> scales, int32_t num_layers) {
+  if (scales.empty()) return Status::Ok();
+  if (static_cast<int64_t>(scales.size()) != num_layers) {
+    return InvalidArgument("kv_scales: expected {} layers (one K and V scale each) or none, received {}", num_layers,
+                           scales.size());
+  }
+  for (size_t l = 0; l < scales.size(); ++l) {
+    for (const auto& [name, value] : {std::pair{"k", scales[l].k}, std::pair{"v", scales[l].v}}) {
+      if (!std::isfinite(value) || value <= 0.f) {
+        return InvalidArgument("kv_scales[{}].{}: expected a finite value > 0, received {}", l, name, value);
+      }
+    }
   }
   return Status::Ok();
 }

@@ -3,6 +3,8 @@
 // the same rounding; tests check the two bit for bit.
 #include "pagoda/host_convert.h"
 
+#include "pagoda/fp8.h"
+
 #include <cstring>
 #include <vector>
 
@@ -42,6 +44,12 @@ void convert_to_float(const void* src, DType from, float* dst, int64_t n) {
     case DType::kFloat32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
     case DType::kFloat16: for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_float(s16[i]); return;
     case DType::kBFloat16: for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s16[i]); return;
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: {
+      const auto* s8 = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = fp8_to_float(s8[i], from);
+      return;
+    }
   }
 }
 
@@ -51,6 +59,12 @@ void convert_from_float(const float* src, void* dst, DType to, int64_t n) {
     case DType::kFloat32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
     case DType::kFloat16: for (int64_t i = 0; i < n; ++i) d16[i] = float_to_fp16(src[i]); return;
     case DType::kBFloat16: for (int64_t i = 0; i < n; ++i) d16[i] = float_to_bf16(src[i]); return;
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: {
+      auto* d8 = static_cast<uint8_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d8[i] = float_to_fp8(src[i], to).code;
+      return;
+    }
   }
 }
 
@@ -90,6 +104,14 @@ int64_t first_non_finite(const void* data, DType dtype, int64_t n) {
     case DType::kFloat32: return first_with_exponent<uint32_t>(data, n, 0x7f800000u);
     case DType::kFloat16: return first_with_exponent<uint16_t>(data, n, 0x7c00u);
     case DType::kBFloat16: return first_with_exponent<uint16_t>(data, n, 0x7f80u);
+    case DType::kFloat8E4M3: {  // no infinities: NaN is S.1111.111
+      const auto* b = static_cast<const uint8_t*>(data);
+      for (int64_t i = 0; i < n; ++i) {
+        if ((b[i] & 0x7F) == 0x7F) return i;
+      }
+      return -1;
+    }
+    case DType::kFloat8E5M2: return first_with_exponent<uint8_t>(data, n, 0x7Cu);
   }
   return -1;
 }

@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "cpu/convert_simd.h"
+#include "pagoda/fp8.h"
 #include "pagoda/host_convert.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -71,6 +72,31 @@ void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
     to_float(static_cast<const std::byte*>(src) + i * dtype_size(from), from, tmp, m);
     from_float(tmp, static_cast<std::byte*>(dst) + i * dtype_size(to), to, m);
   }
+}
+
+int64_t store_scaled(const void* src, DType from, float scale, void* dst, DType to, int64_t n) {
+  constexpr int64_t kPiece = 256;
+  float tmp[kPiece];
+  int64_t saturated = 0;
+  for (int64_t i = 0; i < n; i += kPiece) {
+    const int64_t m = n - i < kPiece ? n - i : kPiece;
+    to_float(static_cast<const std::byte*>(src) + i * dtype_size(from), from, tmp, m);
+    if (scale != 1.f) {
+      for (int64_t j = 0; j < m; ++j) tmp[j] /= scale;
+    }
+    std::byte* out = static_cast<std::byte*>(dst) + i * dtype_size(to);
+    if (is_fp8(to)) {
+      auto* codes = reinterpret_cast<uint8_t*>(out);
+      for (int64_t j = 0; j < m; ++j) {
+        const Fp8Encoded e = float_to_fp8(tmp[j], to);
+        codes[j] = e.code;
+        saturated += e.saturated;
+      }
+    } else {
+      from_float(tmp, out, to, m);
+    }
+  }
+  return saturated;
 }
 
 }  // namespace pagoda::cpu

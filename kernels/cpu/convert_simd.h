@@ -20,4 +20,8 @@ void from_float(const float* src, void* dst, DType to, int64_t n);
 // Any dtype to any dtype; through a small stack buffer of fp32 where both differ from fp32.
 void convert(const void* src, DType from, void* dst, DType to, int64_t n);
 
+// dst = src / scale in the cache dtype `to` (fp8: saturating, pagoda/fp8.h).
+// Returns how many elements saturated.
+int64_t store_scaled(const void* src, DType from, float scale, void* dst, DType to, int64_t n);
+
 }  // namespace pagoda::cpu

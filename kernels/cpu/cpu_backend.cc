@@ -46,8 +46,9 @@ HostBuffer aligned_buffer(size_t bytes) {
   return HostBuffer(p);
 }
 
-CpuBackend::CpuBackend(const CacheGeometry& g, int32_t threads, HostBuffer k, HostBuffer v)
-    : geometry_(g), threads_(threads), arena_(threads), k_(std::move(k)), v_(std::move(v)),
+CpuBackend::CpuBackend(const CacheGeometry& g, int32_t threads, std::vector<KvScale> scales, HostBuffer k,
+                       HostBuffer v)
+    : geometry_(g), threads_(threads), scales_(std::move(scales)), arena_(threads), k_(std::move(k)), v_(std::move(v)),
       device_name_(cpu_model_name() + " (" + simd_target_name() + ", " + std::to_string(threads) + " threads)") {}
 
 StatusOr<std::unique_ptr<BackendStream>> CpuBackend::open_stream() {
@@ -59,18 +60,27 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
   const int64_t row = g.head_dim;
   for (const KvWrite& w : writes) {
     const size_t in_size = dtype_size(w.dtype);
+    const KvScale scale = backend_.kv_scale(w.layer);
+    const bool plain = scale.k == 1.f && scale.v == 1.f && !is_fp8(g.dtype);
+    int64_t saturated = 0;
     for (int32_t i = 0; i < w.num_tokens; ++i) {
       assert(w.slots[i] >= 0 && w.slots[i] < static_cast<int64_t>(g.num_blocks) * g.block_size);
       const auto block = static_cast<int32_t>(w.slots[i] / g.block_size);
       const auto slot = static_cast<int32_t>(w.slots[i] % g.block_size);
       for (int32_t h = 0; h < g.num_kv_heads; ++h) {
         const int64_t src = (static_cast<int64_t>(i) * g.num_kv_heads + h) * row;
-        convert(static_cast<const std::byte*>(w.k) + src * in_size, w.dtype, backend_.k_at(w.layer, block, h, slot),
-                g.dtype, row);
-        convert(static_cast<const std::byte*>(w.v) + src * in_size, w.dtype, backend_.v_at(w.layer, block, h, slot),
-                g.dtype, row);
+        const std::byte* k = static_cast<const std::byte*>(w.k) + src * in_size;
+        const std::byte* v = static_cast<const std::byte*>(w.v) + src * in_size;
+        if (plain) {
+          convert(k, w.dtype, backend_.k_at(w.layer, block, h, slot), g.dtype, row);
+          convert(v, w.dtype, backend_.v_at(w.layer, block, h, slot), g.dtype, row);
+        } else {
+          saturated += store_scaled(k, w.dtype, scale.k, backend_.k_at(w.layer, block, h, slot), g.dtype, row);
+          saturated += store_scaled(v, w.dtype, scale.v, backend_.v_at(w.layer, block, h, slot), g.dtype, row);
+        }
       }
     }
+    if (w.saturated != nullptr) *w.saturated += saturated;
   }
   return Status::Ok();
 }
@@ -143,6 +153,7 @@ StatusOr<double> CpuStream::measure_memory_bandwidth(int64_t bytes) {
 StatusOr<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& options) {
   const CacheGeometry& g = options.geometry;
   PAGODA_RETURN_IF_ERROR(validate_geometry(g));
+  PAGODA_RETURN_IF_ERROR(validate_kv_scales(options.kv_scales, g.num_layers));
   if (options.cpu_threads < 0) {
     return InvalidArgument("threads: expected >= 0 (0 = all cores), received {}", options.cpu_threads);
   }
@@ -156,7 +167,9 @@ StatusOr<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& option
     return ResourceExhausted("cache: could not allocate 2 x {} bytes of host memory for {} blocks", bytes,
                              g.num_blocks);
   }
-  return std::unique_ptr<Backend>(new cpu::CpuBackend(g, threads, std::move(k), std::move(v)));
+  std::vector<KvScale> scales = options.kv_scales;
+  if (scales.empty()) scales.assign(static_cast<size_t>(g.num_layers), KvScale{});
+  return std::unique_ptr<Backend>(new cpu::CpuBackend(g, threads, std::move(scales), std::move(k), std::move(v)));
 }
 
 }  // namespace pagoda

@@ -30,12 +30,13 @@ HostBuffer aligned_buffer(size_t bytes);
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const CacheGeometry& g, int32_t threads, HostBuffer k, HostBuffer v);
+  CpuBackend(const CacheGeometry& g, int32_t threads, std::vector<KvScale> scales, HostBuffer k, HostBuffer v);
 
   std::string name() const override { return "cpu"; }
   std::string device_name() const override { return device_name_; }
   const CacheGeometry& geometry() const override { return geometry_; }
   int32_t num_workers() const override { return threads_; }
+  KvScale kv_scale(int32_t layer) const override { return scales_[static_cast<size_t>(layer)]; }
   StatusOr<std::unique_ptr<BackendStream>> open_stream() override;
 
   int32_t threads() const { return threads_; }
@@ -55,6 +56,7 @@ class CpuBackend final : public Backend {
 
   CacheGeometry geometry_;
   int32_t threads_;
+  std::vector<KvScale> scales_;  // [num_layers]
   tbb::task_arena arena_;
   HostBuffer k_;
   HostBuffer v_;

@@ -107,7 +107,12 @@ Status CpuStream::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
   const int64_t q_elems = static_cast<int64_t>(launch.total_rows()) * heads * d;
   q32_.resize(static_cast<size_t>(q_elems));
   to_float(launch.q, launch.q_dtype, q32_.data(), q_elems);
-  const float qscale = launch.soft_cap > 0.f ? launch.scale : scale_log2(launch.scale);
+  // The layer's K scale (and an fp8 read factor) is folded in here once, the V
+  // scale into the merge's 1 / l: read = stored * scale costs nothing per element.
+  const KvScale kv = backend_.kv_scale(launch.layer);
+  const float k_factor = kv.k * fp8_read_factor(g.dtype);
+  const float v_factor = kv.v * fp8_read_factor(g.dtype);
+  const float qscale = (launch.soft_cap > 0.f ? launch.scale : scale_log2(launch.scale)) * k_factor;
   for (float& x : q32_) x *= qscale;
 
   stats_.resize(static_cast<size_t>(partial_rows) * 2);
@@ -175,7 +180,7 @@ Status CpuStream::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
         const SoftmaxStats<float> part{stats_[static_cast<size_t>(p)], stats_[static_cast<size_t>(partial_rows + p)]};
         merge_into(s, acc, part, accs_.data() + p * d, static_cast<int>(d));
       }
-      const float inv = inverse_sum(s.l);
+      const float inv = inverse_sum(s.l) * v_factor;
       for (int64_t e = 0; e < d; ++e) acc[e] *= inv;
       from_float(acc, static_cast<std::byte*>(out.out) + static_cast<int64_t>(out_row) * out_row_bytes,
                  launch.q_dtype, d);

@@ -40,12 +40,35 @@ constexpr int pv_vectors(int rows) { return kAccumulators / rows; }
 // of fp16 rows at head_dim 128: measured best between 24 and 48 rows here).
 constexpr int64_t kPrefetchRows = 32;
 
-// One vector of a row, as fp32: converted in registers for a 16-bit cache.
+// One vector of a row, as fp32: converted in registers for a 16- or 8-bit
+// cache. fp8 goes through fp16 bit patterns (F16C's conversion on x86), the
+// integer steps on half-width vectors: e5m2 is the top byte of an fp16. e4m3's
+// byte, sign-extended to 16 bits and shifted left by 7, has its exponent and
+// mantissa in an fp16's low exponent bits and its sign in bits 15 and 14;
+// clearing bit 14 leaves an fp16 reading 2^-8 of the value, exactly,
+// subnormals included (fp8_read_factor folds the 2^8 back in). The NaN code
+// S.1111.111 then reads 1.875, which no finite code does: it gets the fp16
+// exponent all ones.
 template <typename T>
 HWY_INLINE VF load_f32(const T* HWY_RESTRICT p) {
   const DF df;
   if constexpr (std::is_same_v<T, float>) {
     return hn::Load(df, p);
+  } else if constexpr (std::is_same_v<T, Fp8E5M2Bits>) {
+    const hn::Rebind<uint8_t, DF> d8;
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto code = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const uint8_t*>(p)));
+    return hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(code)));
+  } else if constexpr (std::is_same_v<T, Fp8E4M3Bits>) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<int16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto wide = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p))));
+    auto h = hn::And(wide, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
+    const auto nan = hn::Eq(hn::And(h, hn::Set(d16, 0x7FFF)), hn::Set(d16, 0x3F80));
+    h = hn::Or(h, hn::IfThenElseZero(nan, hn::Set(d16, 0x7C00)));
+    return hn::PromoteTo(df, hn::BitCast(dh, h));
   } else {
     const hn::Rebind<T, DF> dt;
     return hn::PromoteTo(df, hn::LoadU(dt, p));
@@ -451,6 +474,8 @@ void partial_for_dtype(const PartialTask& t) {
     case DType::kFloat32: return partial_impl<float, kD>(t);
     case DType::kFloat16: return partial_impl<hwy::float16_t, kD>(t);
     case DType::kBFloat16: return partial_impl<hwy::bfloat16_t, kD>(t);
+    case DType::kFloat8E4M3: return partial_impl<Fp8E4M3Bits, kD>(t);
+    case DType::kFloat8E5M2: return partial_impl<Fp8E5M2Bits, kD>(t);
   }
 }
 

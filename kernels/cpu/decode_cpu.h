@@ -32,6 +32,20 @@ struct KeyRange {
   int32_t end = 0;
 };
 
+// Cache elements of the fp8 dtypes as the kernel's element types: one byte of
+// bits each (Highway has no fp8 type), widened in registers by load_f32.
+struct Fp8E4M3Bits {
+  uint8_t bits;
+};
+struct Fp8E5M2Bits {
+  uint8_t bits;
+};
+
+// What load_f32 of an fp8 element yields, times the stored value: e4m3 is
+// widened through fp16 bit patterns that read 2^-8 of it, so launches fold
+// 2^8 into the K and V scales.
+inline float fp8_read_factor(DType t) { return t == DType::kFloat8E4M3 ? 256.f : 1.f; }
+
 struct PartialTask {
   const CacheGeometry* geometry = nullptr;
   const void* k_layer = nullptr;      // K pool at this layer: [num_blocks][kv_heads][block_size][head_dim]

@@ -1,15 +1,36 @@
 // Append (vLLM's reshape_and_cache for our layout): scatters new tokens' K/V rows
-// into their slots of one layer, converting to the cache dtype on the way.
+// into their slots of one layer, divided by the layer's scales and converted
+// to the cache dtype on the way.
 // Slots were validated on the host; one thread per element, grid-stride.
 
 #include "cuda/device_convert.cuh"
 #include "cuda/kernel_params.h"
+#include "pagoda/fp8.h"
+
+#include <type_traits>
 
 namespace pagoda::cuda {
 namespace {
 
 constexpr int kAppendThreads = 256;
 constexpr int kMaxAppendCtas = 4096;
+
+// x / scale into element `at` of a pool of T; fp8 through the shared codec
+// (saturating, counted), so both backends store the same bits.
+template <typename T>
+__device__ __forceinline__ void store_scaled(T* pool, int64_t at, float x, float scale,
+                                             unsigned long long* saturated) {
+  const float y = x / scale;
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>) {
+    constexpr DType kType =
+        std::is_same_v<T, __nv_fp8_e4m3> ? DType::kFloat8E4M3 : DType::kFloat8E5M2;
+    const Fp8Encoded e = float_to_fp8(y, kType);
+    reinterpret_cast<uint8_t*>(pool)[at] = e.code;
+    if (e.saturated && saturated != nullptr) atomicAdd(saturated, 1ull);
+  } else {
+    pool[at] = from_float<T>(y);
+  }
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(const AppendParams p) {
@@ -29,8 +50,8 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const AppendPara
     const int64_t dst = g.element_offset(p.layer, static_cast<int32_t>(slot / g.block_size),
                                          kv_head, static_cast<int32_t>(slot % g.block_size)) +
                         elem;
-    k_pool[dst] = from_float<T>(load_as_float(p.k, p.in_dtype, i));
-    v_pool[dst] = from_float<T>(load_as_float(p.v, p.in_dtype, i));
+    store_scaled(k_pool, dst, load_as_float(p.k, p.in_dtype, i), p.k_scale, p.saturated);
+    store_scaled(v_pool, dst, load_as_float(p.v, p.in_dtype, i), p.v_scale, p.saturated);
   }
 }
 
@@ -52,6 +73,8 @@ cudaError_t launch_append(const AppendParams& p, cudaStream_t stream) {
     case DType::kFloat16: return launch_typed<__half>(p, stream);
     case DType::kBFloat16: return launch_typed<__nv_bfloat16>(p, stream);
     case DType::kFloat32: return launch_typed<float>(p, stream);
+    case DType::kFloat8E4M3: return launch_typed<__nv_fp8_e4m3>(p, stream);
+    case DType::kFloat8E5M2: return launch_typed<__nv_fp8_e5m2>(p, stream);
   }
   return cudaErrorInvalidValue;  // the host validated the dtype; unreachable
 }

@@ -34,6 +34,7 @@ StatusOr<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
 StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& options) {
   // Shape errors first: they are the caller's, with or without a GPU.
   PAGODA_RETURN_IF_ERROR(validate_geometry(options.geometry));
+  PAGODA_RETURN_IF_ERROR(validate_kv_scales(options.kv_scales, options.geometry.num_layers));
   if (options.geometry.num_kv_heads > 65535) {  // the partial kernel's grid.y
     return InvalidArgument("num_kv_heads: expected at most 65535 on the CUDA backend, received {}",
                            options.geometry.num_kv_heads);
@@ -55,14 +56,17 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions&
   if (options.cuda_device < 0 || options.cuda_device >= count) {
     return InvalidArgument("cuda_device: expected 0..{}, received {}", count - 1, options.cuda_device);
   }
-  std::unique_ptr<CudaBackend> backend(
-      new CudaBackend(options.geometry, options.cuda_device, options.max_batch, partial.value()));
+  std::vector<KvScale> scales = options.kv_scales;
+  if (scales.empty()) scales.assign(static_cast<size_t>(options.geometry.num_layers), KvScale{});
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(options.geometry, options.cuda_device, options.max_batch,
+                                                       partial.value(), std::move(scales)));
   PAGODA_RETURN_IF_ERROR(backend->init());
   return backend;
 }
 
-CudaBackend::CudaBackend(const CacheGeometry& g, int device, int32_t max_batch, const PartialKernel* partial)
-    : geometry_(g), device_(device), max_batch_(max_batch), partial_(partial) {}
+CudaBackend::CudaBackend(const CacheGeometry& g, int device, int32_t max_batch, const PartialKernel* partial,
+                         std::vector<KvScale> scales)
+    : geometry_(g), device_(device), max_batch_(max_batch), partial_(partial), scales_(std::move(scales)) {}
 
 int64_t CudaBackend::pool_bytes() const {
   return geometry_.pool_elements() * static_cast<int64_t>(dtype_size(geometry_.dtype));

@@ -135,8 +135,19 @@ Status CudaStream::write_kv(std::span<const KvWrite> writes) {
   }
   void* dev = append_device_.data();
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host, total, cudaMemcpyHostToDevice, stream_));
+  // fp8: one saturation counter per write, zeroed here and read back below.
+  const bool count_saturation = is_fp8(g.dtype);
+  auto* counters = static_cast<unsigned long long*>(nullptr);
+  const size_t counter_bytes = writes.size() * sizeof(unsigned long long);
+  if (count_saturation) {
+    PAGODA_RETURN_IF_ERROR(saturated_device_.reserve(counter_bytes));
+    PAGODA_RETURN_IF_ERROR(saturated_host_.reserve(counter_bytes));
+    counters = static_cast<unsigned long long*>(saturated_device_.data());
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(counters, 0, counter_bytes, stream_));
+  }
   offset = 0;
-  for (const KvWrite& w : writes) {
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const KvWrite& w = writes[i];
     const size_t kv_bytes = static_cast<size_t>(w.num_tokens) * g.num_kv_heads * g.head_dim * dtype_size(w.dtype);
     AppendParams p;
     p.geometry = g;
@@ -151,9 +162,22 @@ Status CudaStream::write_kv(std::span<const KvWrite> writes) {
     p.v = at<const void>(dev, offset);
     offset += align_up(kv_bytes);
     p.in_dtype = w.dtype;
+    p.k_scale = backend_.kv_scale(w.layer).k;
+    p.v_scale = backend_.kv_scale(w.layer).v;
+    p.saturated = count_saturation ? counters + i : nullptr;
     PAGODA_CUDA_RETURN_IF_ERROR(launch_append(p, stream_));
   }
+  if (count_saturation) {
+    PAGODA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(saturated_host_.data(), counters, counter_bytes, cudaMemcpyDeviceToHost, stream_));
+  }
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (count_saturation) {
+    const auto* counted = reinterpret_cast<const unsigned long long*>(saturated_host_.data());
+    for (size_t i = 0; i < writes.size(); ++i) {
+      if (writes[i].saturated != nullptr) *writes[i].saturated += static_cast<int64_t>(counted[i]);
+    }
+  }
   return Status::Ok();
 }
 
@@ -248,7 +272,9 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   }
   p.q = at<const void>(dev, in.q);
   p.q_dtype = launch.q_dtype;
-  p.q_scale = launch.soft_cap > 0.f ? launch.scale : scale_log2(launch.scale);
+  // The layer's K scale folds into q's factor, its V scale into the merge's 1 / l.
+  const KvScale kv = backend_.kv_scale(launch.layer);
+  p.q_scale = (launch.soft_cap > 0.f ? launch.scale : scale_log2(launch.scale)) * kv.k;
   void* ws = partials_.data();
   p.partials = {at<float>(ws, part.acc), at<float>(ws, part.m), at<float>(ws, part.l)};
 
@@ -267,6 +293,7 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   m.out = at<void>(device_out_.data(), out.out);
   m.out_dtype = launch.q_dtype;
   m.lse = at<float>(device_out_.data(), out.lse);
+  m.out_scale = kv.v;
 
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_partial_, stream_));
   PAGODA_CUDA_RETURN_IF_ERROR(backend_.partial_kernel().launch(p, stream_));

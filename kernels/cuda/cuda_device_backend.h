@@ -26,6 +26,7 @@ class CudaBackend final : public Backend {
   std::string device_name() const override { return device_name_; }
   const CacheGeometry& geometry() const override { return geometry_; }
   int32_t num_workers() const override { return num_workers_; }
+  KvScale kv_scale(int32_t layer) const override { return scales_[static_cast<size_t>(layer)]; }
   StatusOr<std::unique_ptr<BackendStream>> open_stream() override;
 
   int device() const { return device_; }
@@ -36,13 +37,15 @@ class CudaBackend final : public Backend {
   int64_t pool_bytes() const;
 
  private:
-  CudaBackend(const CacheGeometry& g, int device, int32_t max_batch, const PartialKernel* partial);
+  CudaBackend(const CacheGeometry& g, int device, int32_t max_batch, const PartialKernel* partial,
+              std::vector<KvScale> scales);
   Status init();
 
   CacheGeometry geometry_;
   int device_ = 0;
   int32_t max_batch_ = 0;
   const PartialKernel* partial_ = nullptr;
+  std::vector<KvScale> scales_;  // [num_layers]
   std::string device_name_;
   int32_t num_workers_ = 1;
   DeviceBuffer k_pool_;  // [layers][blocks][kv_heads][block_size][head_dim]
@@ -97,6 +100,8 @@ class CudaStream final : public BackendStream {
   PinnedBuffer staging_out_;
   PinnedBuffer append_staging_;  // slots + k + v of every write of a write_kv call
   DeviceBuffer append_device_;
+  DeviceBuffer saturated_device_;  // fp8: one counter per write of a write_kv call
+  PinnedBuffer saturated_host_;
 };
 
 }  // namespace pagoda::cuda

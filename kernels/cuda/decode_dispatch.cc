@@ -5,15 +5,15 @@
 namespace pagoda::cuda {
 
 StatusOr<const PartialKernel*> find_partial_kernel(DType cache_dtype, int32_t head_dim) {
-  const std::array<std::span<const PartialKernel>, 3> tables = {
-      partial_kernels_fp16(), partial_kernels_bf16(), partial_kernels_fp32()};
+  const std::array<std::span<const PartialKernel>, 4> tables = {
+      partial_kernels_fp16(), partial_kernels_bf16(), partial_kernels_fp32(), partial_kernels_fp8()};
   for (const auto& table : tables) {
     for (const PartialKernel& k : table) {
       if (k.cache_dtype == cache_dtype && k.head_dim == head_dim) return &k;
     }
   }
   return InvalidArgument(
-      "head_dim x cache dtype: expected head_dim 64, 128 or 256 with fp16, bf16 or fp32, "
+      "head_dim x cache dtype: expected head_dim 64, 128 or 256 with fp16, bf16, fp32, fp8_e4m3 or fp8_e5m2, "
       "received head_dim {} with dtype {}",
       head_dim, dtype_name(cache_dtype));
 }

@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "pagoda/dtype.h"
 
@@ -14,6 +15,8 @@ template <DType D> struct CacheType;
 template <> struct CacheType<DType::kFloat32> { using type = float; };
 template <> struct CacheType<DType::kFloat16> { using type = __half; };
 template <> struct CacheType<DType::kBFloat16> { using type = __nv_bfloat16; };
+template <> struct CacheType<DType::kFloat8E4M3> { using type = __nv_fp8_e4m3; };
+template <> struct CacheType<DType::kFloat8E5M2> { using type = __nv_fp8_e5m2; };
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -75,6 +78,28 @@ __device__ __forceinline__ void widen8(const __nv_bfloat16* src, float (&dst)[8]
     dst[2 * i] = f.x;
     dst[2 * i + 1] = f.y;
   }
+}
+
+// Eight fp8 elements (8 bytes) widened to fp32, two at a time through fp16
+// (both formats are exact in fp16): cuda_fp8.h's conversion is the hardware
+// cvt on sm_89 and later, its software emulation on sm_80.
+__device__ __forceinline__ void widen8_fp8(const void* src, __nv_fp8_interpretation_t kind, float (&dst)[8]) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(src);
+  const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], kind)));
+    dst[2 * i] = f.x;
+    dst[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ void widen8(const __nv_fp8_e4m3* src, float (&dst)[8]) {
+  widen8_fp8(src, __NV_E4M3, dst);
+}
+
+__device__ __forceinline__ void widen8(const __nv_fp8_e5m2* src, float (&dst)[8]) {
+  widen8_fp8(src, __NV_E5M2, dst);
 }
 
 }  // namespace pagoda::cuda

@@ -77,6 +77,7 @@ struct MergeParams {
   void* out = nullptr;                    // [rows, num_q_heads, head_dim], out_dtype
   DType out_dtype = DType::kFloat32;
   float* lse = nullptr;                   // [rows, num_q_heads], natural log
+  float out_scale = 1.f;                  // the layer's V scale, folded into 1 / l
 };
 
 struct AppendParams {
@@ -89,6 +90,9 @@ struct AppendParams {
   const void* k = nullptr;         // [num_tokens, num_kv_heads, head_dim], in_dtype
   const void* v = nullptr;         // [num_tokens, num_kv_heads, head_dim], in_dtype
   DType in_dtype = DType::kFloat32;
+  float k_scale = 1.f;             // the cache stores x / scale
+  float v_scale = 1.f;
+  unsigned long long* saturated = nullptr;  // fp8: elements clamped to the largest finite value
 };
 
 // One instantiation of the partial kernel (cache dtype x head_dim).
@@ -104,11 +108,13 @@ struct PartialKernel {
 std::span<const PartialKernel> partial_kernels_fp16();
 std::span<const PartialKernel> partial_kernels_bf16();
 std::span<const PartialKernel> partial_kernels_fp32();
+std::span<const PartialKernel> partial_kernels_fp8();  // e4m3 and e5m2
 
 // merge_kernel.cu: one warp per (query row, query head). rows == 0 launches nothing.
 cudaError_t launch_merge(const MergeParams& p, cudaStream_t stream);
 
-// append_kernel.cu: converts in_dtype to the cache dtype (round to nearest even).
+// append_kernel.cu: converts in_dtype / scale to the cache dtype (round to
+// nearest even; fp8 saturating, pagoda/fp8.h).
 cudaError_t launch_append(const AppendParams& p, cudaStream_t stream);
 
 }  // namespace pagoda::cuda

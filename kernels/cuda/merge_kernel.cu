@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams 
       part.acc[3] = a.w;
       total.merge(part);
     }
-    const float inv = inverse_sum(total.stats.l);
+    const float inv = inverse_sum(total.stats.l) * p.out_scale;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       store_from_float(p.out, p.out_dtype, out_row * p.head_dim + quad * 4 + k,

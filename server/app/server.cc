@@ -38,6 +38,7 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   options.geometry = config.geometry;
   options.cpu_threads = raw.threads;
   options.max_batch = raw.max_batch;
+  options.kv_scales = config.kv_scales;
   StatusOr<std::unique_ptr<Backend>> backend = make_backend(options);
   PAGODA_RETURN_IF_ERROR(backend.status());
   s->backend_ = std::move(*backend);
@@ -45,11 +46,14 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   // After the backend: settings it rejects fail before any port is bound.
   MetricsOptions metrics;
   metrics.address = raw.metrics_address;
+  if (is_fp8(config.geometry.dtype)) metrics.kv_saturation_layers = config.geometry.num_layers;
   StatusOr<std::unique_ptr<Metrics>> created = Metrics::create(metrics);
   PAGODA_RETURN_IF_ERROR(created.status());
   s->metrics_ = std::move(*created);
   if (s->metrics_->port() > 0) s->metrics_address_ = with_port(raw.metrics_address, s->metrics_->port());
   s->cache_ = std::make_unique<CacheManager>(s->backend_->geometry());
+  s->cache_->set_saturation_observer(
+      [m = s->metrics_.get()](int32_t layer, int64_t elements) { m->add_kv_saturated(layer, elements); });
   s->metrics_->set_build_info({PAGODA_VERSION, s->backend_->name(), s->backend_->device_name()});
   s->cache_gauges_ = std::make_unique<CacheGauges>(*s->cache_, *s->metrics_);
   s->cache_gauges_->publish();

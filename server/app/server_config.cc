@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "app/kv_scales.h"
 #include "pagoda/geometry_rules.h"
 
 namespace pagoda {
@@ -31,7 +32,8 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
   PAGODA_RETURN_IF_ERROR(check_positive("--max-batch", c.max_batch));
   const std::optional<DType> dtype = parse_dtype(c.cache_dtype);
   if (!dtype) {
-    return InvalidArgument("--cache-dtype: expected fp32, fp16 or bf16, received '{}'", c.cache_dtype);
+    return InvalidArgument("--cache-dtype: expected fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2, received '{}'",
+                           c.cache_dtype);
   }
   // The geometry's own rules (pagoda/geometry_rules.h), with a capacity of one
   // block until the real one is known.
@@ -77,8 +79,12 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
     return InvalidArgument("--log-format: expected text or json, received '{}'", c.log_format);
   }
 
+  StatusOr<std::vector<KvScale>> scales = parse_kv_scales(c.kv_scales, c.layers);
+  PAGODA_RETURN_IF_ERROR(scales.status());
+
   EffectiveConfig e;
   e.raw = c;
+  e.kv_scales = std::move(*scales);
   e.mode = c.mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
   e.geometry = geometry;
   CacheGeometry& g = e.geometry;
@@ -104,11 +110,11 @@ std::string describe(const EffectiveConfig& e) {
   const CacheGeometry& g = e.geometry;
   return fmt::format(
       "layers={} q_heads={} kv_heads={} head_dim={} block_size={} num_blocks={} cache_bytes={} "
-      "cache_dtype={} split_tokens={} mode={} max_batch={} max_batch_wait_us={} max_message_bytes={} "
+      "cache_dtype={} kv_scales={} split_tokens={} mode={} max_batch={} max_batch_wait_us={} max_message_bytes={} "
       "threads={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={} "
       "log_summary_interval={}s",
       g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim, g.block_size, g.num_blocks,
-      block_bytes(g) * g.num_blocks, dtype_name(g.dtype), c.split_tokens, c.mode, c.max_batch,
+      block_bytes(g) * g.num_blocks, dtype_name(g.dtype), c.kv_scales, c.split_tokens, c.mode, c.max_batch,
       c.max_batch_wait_us, c.max_message_bytes, c.threads, c.backend, c.drain_timeout, c.metrics_address,
       c.determinism_sample_rate, c.log_summary_interval);
 }

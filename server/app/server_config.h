@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "pagoda/backend.h"
 #include "pagoda/split_plan.h"
@@ -22,7 +23,8 @@ struct ServerConfig {
   int32_t block_size = 16;                         // tokens per block
   int64_t num_blocks = 0;                          // 0: derived from cache_bytes
   int64_t cache_bytes = int64_t{256} << 20;        // K+V of every layer, bytes
-  std::string cache_dtype = "fp16";                // fp32, fp16, bf16
+  std::string cache_dtype = "fp16";                // fp32, fp16, bf16, fp8_e4m3, fp8_e5m2
+  std::string kv_scales = "1,1";                   // "K,V" for every layer, or a file (app/kv_scales.h)
   int32_t split_tokens = 512;                      // multiple of block_size
   std::string mode = "deterministic";              // deterministic or fast
   int32_t max_batch = 256;                         // sequences per launch
@@ -41,6 +43,7 @@ struct ServerConfig {
 struct EffectiveConfig {
   ServerConfig raw;
   CacheGeometry geometry;   // num_blocks resolved from cache_bytes when not given
+  std::vector<KvScale> kv_scales;  // [num_layers]
   SplitMode mode = SplitMode::kDeterministic;
 };
 

@@ -32,7 +32,10 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
   add(app, "--block-size", c.block_size, "Tokens per cache block");
   add(app, "--num-blocks", c.num_blocks, "Cache capacity in blocks (0: derived from --cache-bytes)");
   add(app, "--cache-bytes", c.cache_bytes, "Cache capacity in bytes, K and V of every layer (used when --num-blocks is 0)");
-  add(app, "--cache-dtype", c.cache_dtype, "Element type of the cache: fp32, fp16 or bf16");
+  add(app, "--cache-dtype", c.cache_dtype, "Element type of the cache: fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2");
+  add(app, "--kv-scales", c.kv_scales,
+      "K and V scales of the cache (stored = x / scale): 'K,V' for every layer, or a file of "
+      "'layer k_scale v_scale' lines");
   add(app, "--split-tokens", c.split_tokens, "Split-KV chunk length in tokens (a multiple of --block-size)");
   add(app, "--mode", c.mode, "deterministic (bits independent of batching) or fast (split count adapts)");
   add(app, "--max-batch", c.max_batch, "Most sequences coalesced into one backend launch");

@@ -29,6 +29,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -84,6 +85,12 @@ class CacheManager {
   CacheManager& operator=(const CacheManager&) = delete;
 
   const CacheGeometry& geometry() const { return geometry_; }
+
+  // Called with (layer, elements) after a write an fp8 cache saturated in;
+  // set once before serving.
+  void set_saturation_observer(std::function<void(int32_t, int64_t)> observer) {
+    saturation_observer_ = std::move(observer);
+  }
 
   SequenceId create(std::string label);
   StatusOr<SequenceId> fork(SequenceId source);
@@ -159,6 +166,7 @@ class CacheManager {
   int32_t release(Reservation& r);
 
   const CacheGeometry geometry_;
+  std::function<void(int32_t, int64_t)> saturation_observer_;
   mutable std::mutex mu_;
   std::condition_variable filled_;  // a Fill left kFilling
   std::unordered_map<SequenceId, Sequence> sequences_;

@@ -247,13 +247,15 @@ Status CacheManager::finish(Reservation& r, BackendStream& stream, std::span<con
   if (!r.slots_.empty()) {
     thread_local std::vector<KvWrite> writes;
     writes.clear();
+    int64_t saturated = 0;
     for (size_t p = 0; p < r.parts_.size(); ++p) {
       const Reservation::Part& part = r.parts_[p];
       if (part.end_slot == part.first_slot) continue;
       writes.push_back({r.layer_, part.end_slot - part.first_slot, r.slots_.data() + part.first_slot, sources[p].k,
-                        sources[p].v, sources[p].dtype});
+                        sources[p].v, sources[p].dtype, &saturated});
     }
     PAGODA_RETURN_IF_ERROR(stream.write_kv(writes));
+    if (saturated > 0 && saturation_observer_) saturation_observer_(r.layer_, saturated);
   }
 
   // 4. Commit: the lengths become visible; a sequence freed meanwhile is gone.

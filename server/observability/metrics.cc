@@ -15,6 +15,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 namespace pagoda {
 namespace {
@@ -130,6 +131,14 @@ Metrics::Metrics(const MetricsOptions& options)
                                     .Register(r)
                                     .Add({});
 
+  auto& saturated = BuildCounter()
+                        .Name("pagoda_kv_saturated_total")
+                        .Help("K/V elements an fp8 cache clamped to its largest finite value on append, by layer")
+                        .Register(r);
+  for (int32_t l = 0; l < options.kv_saturation_layers; ++l) {
+    kv_saturated_.push_back(&saturated.Add({{"layer", std::to_string(l)}}));
+  }
+
   auto& blocks = BuildGauge().Name("pagoda_kv_blocks").Help("KV cache blocks by state").Register(r);
   kv_blocks_used_ = &blocks.Add({{"state", "used"}});
   kv_blocks_free_ = &blocks.Add({{"state", "free"}});
@@ -240,6 +249,14 @@ void Metrics::observe_batch(std::span<const int32_t> context_tokens) {
 void Metrics::add_kv_read(double bytes, double compute_seconds) {
   kv_read_bytes_->Increment(bytes);
   attention_compute_seconds_->Increment(compute_seconds);
+}
+
+std::string Metrics::exposition() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }
+
+void Metrics::add_kv_saturated(int32_t layer, int64_t elements) {
+  if (layer >= 0 && layer < static_cast<int32_t>(kv_saturated_.size())) {
+    kv_saturated_[static_cast<size_t>(layer)]->Increment(static_cast<double>(elements));
+  }
 }
 
 void Metrics::set_cache(int64_t used_blocks, int64_t free_blocks, int64_t sequences) {

@@ -50,6 +50,9 @@ struct MetricsOptions {
   std::string address = "0.0.0.0:9464";
   // Window of pagoda_determinism_max_abs_diff.
   std::chrono::seconds determinism_window{60};
+  // Layers with a pagoda_kv_saturated_total{layer} series (an fp8 cache's: all
+  // of them, from 0); 0: the family has none.
+  int32_t kv_saturation_layers = 0;
 };
 
 struct BuildInfo {
@@ -83,9 +86,15 @@ class Metrics {
   // ratio is the achieved bandwidth).
   void add_kv_read(double bytes, double compute_seconds);
   void set_cache(int64_t used_blocks, int64_t free_blocks, int64_t sequences);
+  // K/V elements of `layer` an fp8 cache clamped to its largest finite value.
+  void add_kv_saturated(int32_t layer, int64_t elements);
   // One determinism re-check of a sequence: whether its bytes differed, and the
   // largest absolute element difference (0 when identical).
   void record_determinism_check(SplitMode mode, bool mismatch, double max_abs_diff);
+
+  // Every family in the text exposition format, as /metrics serves it (tests,
+  // and servers built without an exposition address).
+  std::string exposition() const;
 
   // Totals since the previous call, for the periodic summary log line (not the hot path).
   MetricsSummary summary_since_last();
@@ -113,6 +122,7 @@ class Metrics {
   prometheus::Histogram* context_tokens_ = nullptr;
   prometheus::Counter* kv_read_bytes_ = nullptr;
   prometheus::Counter* attention_compute_seconds_ = nullptr;
+  std::vector<prometheus::Counter*> kv_saturated_;  // [kv_saturation_layers]
   prometheus::Gauge* kv_blocks_used_ = nullptr;
   prometheus::Gauge* kv_blocks_free_ = nullptr;
   prometheus::Gauge* kv_usage_ratio_ = nullptr;

@@ -48,6 +48,10 @@ StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::i
   if (wire == v1::DTYPE_UNSPECIFIED) {
     return InvalidArgument("{}.dtype: expected FLOAT32, FLOAT16 or BFLOAT16, received DTYPE_UNSPECIFIED", field);
   }
+  if (wire == v1::FLOAT8_E4M3 || wire == v1::FLOAT8_E5M2) {
+    return InvalidArgument("{}.dtype: expected FLOAT32, FLOAT16 or BFLOAT16, received {} (a cache dtype only)", field,
+                           v1::DType_Name(t.dtype()));
+  }
   if (wire != v1::FLOAT32 && wire != v1::FLOAT16 && wire != v1::BFLOAT16) {
     return InvalidArgument("{}.dtype: expected FLOAT32, FLOAT16 or BFLOAT16, received {}", field, wire);
   }

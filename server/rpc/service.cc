@@ -161,6 +161,10 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServer
   r->set_max_message_bytes(settings_.max_message_bytes);
   r->set_max_batch(settings_.max_batch);
   r->set_max_batch_wait_us(settings_.max_batch_wait_us);
+  for (int32_t l = 0; l < g.num_layers; ++l) {
+    r->add_k_scales(backend_.kv_scale(l).k);
+    r->add_v_scales(backend_.kv_scale(l).v);
+  }
   return finish_unary(ctx, RpcMethod::kGetConfig, t0, Status::Ok());
 }
 

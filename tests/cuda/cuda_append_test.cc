@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "pagoda/fp8.h"
 #include "pagoda/host_convert.h"
 #include "cuda/cuda_device_backend.h"
 #include "cuda/kv_fixture.h"
@@ -160,8 +161,58 @@ INSTANTIATE_TEST_SUITE_P(
                       DtypePair{DType::kBFloat16, DType::kBFloat16},
                       DtypePair{DType::kFloat32, DType::kFloat32},
                       DtypePair{DType::kFloat32, DType::kFloat16},
-                      DtypePair{DType::kFloat32, DType::kBFloat16}),
+                      DtypePair{DType::kFloat32, DType::kBFloat16},
+                      DtypePair{DType::kFloat8E4M3, DType::kFloat32},
+                      DtypePair{DType::kFloat8E4M3, DType::kBFloat16},
+                      DtypePair{DType::kFloat8E5M2, DType::kFloat32},
+                      DtypePair{DType::kFloat8E5M2, DType::kFloat16}),
     [](const ::testing::TestParamInfo<DtypePair>& info) { return to_string(info.param); });
+
+// fp8 with the layer's scales: stored = round(x / scale), saturating; the
+// bytes are the host codec's (pagoda/fp8.h) and the saturations are counted.
+TEST(CudaAppendFp8, ScalesDivideAndSaturationsAreCounted) {
+  PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
+  for (DType t : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    SCOPED_TRACE(dtype_name(t));
+    const CacheGeometry g = geometry(t);
+    BackendOptions o;
+    o.kind = "cuda";
+    o.geometry = g;
+    o.max_batch = 4;
+    o.kv_scales = {KvScale{1.f, 1.f}, KvScale{0.5f, 4.f}};
+    auto b = make_backend(o);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    auto stream = b.value()->open_stream();
+    ASSERT_TRUE(stream.ok());
+    Device d{std::move(b.value()), std::move(stream.value())};
+    const int32_t row = g.num_kv_heads * g.head_dim;
+    const float max = fp8_spec(t).max_value;
+    std::vector<float> k(static_cast<size_t>(row)), v(static_cast<size_t>(row));
+    for (int32_t i = 0; i < row; ++i) {
+      k[static_cast<size_t>(i)] = (i % 7 == 0 ? 1.5f * max : 0.37f * (i - 60)) * 0.5f;  // 19 saturate
+      v[static_cast<size_t>(i)] = (i % 11 == 0 ? -3.f * max : 0.11f * i) * 4.f;          // 12 saturate
+    }
+    const int64_t slots[] = {7};
+    int64_t saturated = 0;
+    KvWrite w{1, 1, slots, k.data(), v.data(), DType::kFloat32, &saturated};
+    ASSERT_TRUE(write_one(d, w).ok());
+    int64_t want_saturated = 0;
+    const Pools got = read(d);
+    for (int32_t h = 0; h < g.num_kv_heads; ++h) {
+      const int64_t at = g.element_offset(1, 7 / g.block_size, h, 7 % g.block_size);
+      for (int32_t i = 0; i < g.head_dim; ++i) {
+        const size_t src = static_cast<size_t>(h * g.head_dim + i);
+        const Fp8Encoded ke = float_to_fp8(k[src] / 0.5f, t);
+        const Fp8Encoded ve = float_to_fp8(v[src] / 4.f, t);
+        want_saturated += ke.saturated + ve.saturated;
+        EXPECT_EQ(got.k[static_cast<size_t>(at + i)], ke.code) << "k " << src;
+        EXPECT_EQ(got.v[static_cast<size_t>(at + i)], ve.code) << "v " << src;
+      }
+    }
+    EXPECT_EQ(want_saturated, 31);
+    EXPECT_EQ(saturated, want_saturated);
+  }
+}
 
 TEST(CudaBlocks, CopyBlockCopiesEveryLayerAndPoisonRestoresNaN) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();

@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 
+#include "pagoda/fp8.h"
 #include "pagoda/host_convert.h"
 
 namespace pagoda::testing {
@@ -16,6 +17,8 @@ float round_to(DType dtype, float x) {
     case DType::kFloat16: return fp16_to_float(float_to_fp16(x));
     case DType::kBFloat16: return bf16_to_float(float_to_bf16(x));
     case DType::kFloat32: return x;
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: return fp8_to_float(float_to_fp8(x, dtype).code, dtype);
   }
   return x;
 }

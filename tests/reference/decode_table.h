@@ -56,6 +56,8 @@ inline Bounds bounds_for(DType out) {
     case DType::kFloat32: return {kAccumulationAbs, kAccumulationNmse};
     case DType::kFloat16: return with_rounding(0x1p-12, 0x1p-11);
     case DType::kBFloat16: return with_rounding(0x1p-9, 0x1p-8);
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: break;  // never an output dtype
   }
   return {0, 0};
 }
@@ -83,13 +85,16 @@ inline void PrintTo(const DecodeCase& c, std::ostream* os) { *os << to_string(c)
 inline std::string case_name(const ::testing::TestParamInfo<DecodeCase>& info) { return to_string(info.param); }
 
 // head_dim {64, 128, 256} x GQA {1, 4, 8} x block size {1, 3, 7, 16} x cache
-// dtype, with q in fp32 against every cache dtype and q in the cache's own dtype.
+// dtype, with q in fp32 against every cache dtype and q in the cache's own dtype
+// (16- and 32-bit caches; fp8 is never a tensor dtype). For fp8 the reference
+// reads the dequantised K/V, so the bounds are those of q's dtype all the same.
 inline std::vector<DecodeCase> decode_table() {
   std::vector<DecodeCase> cases;
   for (int32_t d : {64, 128, 256})
     for (int32_t gqa : {1, 4, 8})
       for (int32_t bs : {1, 3, 7, 16})
-        for (DType cache : {DType::kFloat32, DType::kFloat16, DType::kBFloat16})
+        for (DType cache : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3,
+                            DType::kFloat8E5M2})
           for (DType q : {DType::kFloat32, DType::kFloat16, DType::kBFloat16})
             if (q == DType::kFloat32 || q == cache) cases.push_back({d, gqa, bs, cache, q});
   return cases;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "pagoda/fp8.h"
 #include "pagoda/host_convert.h"
 
 namespace pagoda::testing {
@@ -15,13 +16,18 @@ float round_to(float x, DType dtype) {
     case DType::kFloat32: return x;
     case DType::kFloat16: return fp16_to_float(float_to_fp16(x));
     case DType::kBFloat16: return bf16_to_float(float_to_bf16(x));
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: return fp8_to_float(float_to_fp8(x, dtype).code, dtype);
   }
   return x;
 }
 
-CacheFixture::CacheFixture(const FixtureOptions& options) : geometry_(options.geometry), rng_(options.seed) {
+CacheFixture::CacheFixture(const FixtureOptions& options)
+    : geometry_(options.geometry), kv_scales_(options.kv_scales), rng_(options.seed) {
+  if (kv_scales_.empty()) kv_scales_.assign(static_cast<size_t>(geometry_.num_layers), KvScale{});
   BackendOptions bo;
   bo.kind = options.backend;
+  bo.kv_scales = options.kv_scales;
   bo.geometry = geometry_;
   bo.cpu_threads = options.threads;
   auto backend = make_backend(bo);
@@ -103,9 +109,11 @@ void CacheFixture::mirror(SequenceId id, int32_t layer, int32_t first, int32_t n
     for (int32_t h = 0; h < g.num_kv_heads; ++h) {
       const int64_t dst = g.element_offset(layer, block, h, pos % g.block_size);
       const size_t src = (static_cast<size_t>(t) * g.num_kv_heads + h) * g.head_dim;
+      // As the backend stores and reads it: round(x / scale) * scale.
+      const KvScale s = kv_scales_[static_cast<size_t>(layer)];
       for (int32_t i = 0; i < g.head_dim; ++i) {
-        k_mirror_[dst + i] = round_to(k[src + i], g.dtype);
-        v_mirror_[dst + i] = round_to(v[src + i], g.dtype);
+        k_mirror_[dst + i] = static_cast<double>(round_to(k[src + i] / s.k, g.dtype)) * s.k;
+        v_mirror_[dst + i] = static_cast<double>(round_to(v[src + i] / s.v, g.dtype)) * s.v;
       }
     }
   }

@@ -31,6 +31,7 @@ struct FixtureOptions {
   int32_t threads = 1;  // CPU backend workers
   uint64_t seed = 1;
   std::string backend = "cpu";  // a make_backend kind
+  std::vector<KvScale> kv_scales;  // [num_layers] or empty (1.0); the mirror holds stored * scale
 };
 
 class CacheFixture {
@@ -98,6 +99,7 @@ class CacheFixture {
 
  private:
   CacheGeometry geometry_;
+  std::vector<KvScale> kv_scales_;  // [num_layers]
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<BackendStream> stream_;
   std::unique_ptr<CacheManager> cache_;

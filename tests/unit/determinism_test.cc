@@ -3,20 +3,21 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 
 #include "unit/cache_fixture.h"
 
 namespace pagoda::testing {
 namespace {
 
-CacheGeometry geometry() {
+CacheGeometry geometry(DType cache = DType::kBFloat16) {
   CacheGeometry g;
   g.num_layers = 1;
   g.num_kv_heads = 2;
   g.num_q_heads = 8;
   g.head_dim = 64;
   g.block_size = 16;
-  g.dtype = DType::kBFloat16;
+  g.dtype = cache;
   g.num_blocks = 2048;
   return g;
 }
@@ -27,8 +28,10 @@ struct Decodes {
   std::vector<float> alone_lse, batch_lse;
 };
 
-Decodes run(int32_t threads, SplitMode mode) {
-  CacheFixture f({geometry(), threads, 2024});
+Decodes run(int32_t threads, SplitMode mode, DType cache) {
+  FixtureOptions o{geometry(cache), threads, 2024};
+  if (is_fp8(cache)) o.kv_scales = {KvScale{0.5f, 0.25f}};
+  CacheFixture f(o);
   std::vector<SequenceId> ids = {f.add_sequence(0, 2500)};
   for (int32_t i = 0; i < 37; ++i) ids.push_back(f.add_sequence(0, 1 + (i * 397) % 1500));
   const auto q_batch = f.random_queries(38, DType::kFloat32);
@@ -51,9 +54,12 @@ Decodes run(int32_t threads, SplitMode mode) {
   return d;
 }
 
-TEST(Determinism, AloneInABatchOf37AndAcrossThreadCountsIsBitIdentical) {
-  const Decodes one = run(1, SplitMode::kDeterministic);
-  const Decodes two = run(2, SplitMode::kDeterministic);
+class Determinism : public ::testing::TestWithParam<DType> {};
+
+// bf16, and both fp8 caches with K/V scales.
+TEST_P(Determinism, AloneInABatchOf37AndAcrossThreadCountsIsBitIdentical) {
+  const Decodes one = run(1, SplitMode::kDeterministic, GetParam());
+  const Decodes two = run(2, SplitMode::kDeterministic, GetParam());
   ASSERT_EQ(one.alone_out.size(), one.batch_out.size());
   EXPECT_EQ(one.alone_out, one.batch_out) << "batch composition changed the bits";
   EXPECT_EQ(one.alone_out, two.alone_out) << "thread count changed the bits";
@@ -62,7 +68,11 @@ TEST(Determinism, AloneInABatchOf37AndAcrossThreadCountsIsBitIdentical) {
   EXPECT_EQ(std::memcmp(one.alone_lse.data(), two.batch_lse.data(), 8 * sizeof(float)), 0);
 }
 
-TEST(Determinism, FastModeSplitsByBatchSoTheCheckCanTellTheModesApart) {
+INSTANTIATE_TEST_SUITE_P(CacheDtypes, Determinism,
+                         ::testing::Values(DType::kBFloat16, DType::kFloat8E4M3, DType::kFloat8E5M2),
+                         [](const ::testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
+
+TEST(DeterminismModes, FastModeSplitsByBatchSoTheCheckCanTellTheModesApart) {
   // In fast mode the chunk length follows the batch: alone, a 2,500-token
   // sequence is cut finer than inside 38 sequences. This is the freedom the
   // deterministic mode gives up; it shows as different chunk counts.

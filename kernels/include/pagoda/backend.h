@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "pagoda/dtype.h"
 #include "pagoda/paged_kv.h"
@@ -30,6 +31,9 @@ struct KvWrite {
   const void* k = nullptr;         // [num_tokens, num_kv_heads, head_dim]
   const void* v = nullptr;         // [num_tokens, num_kv_heads, head_dim]
   DType dtype = DType::kFloat32;   // element type of k and v (converted to the cache dtype)
+  // fp8 cache: elements clamped to the format's largest finite value are
+  // added here when set (pagoda/fp8.h).
+  int64_t* saturated = nullptr;
 };
 
 // One decode launch: every sequence of the batch attends over its first
@@ -91,6 +95,14 @@ class BackendStream {
   virtual StatusOr<double> measure_memory_bandwidth(int64_t bytes) = 0;
 };
 
+// A layer's K and V scales (DESIGN §9): the cache stores x / scale and reads
+// stored * scale. Folded once per launch (K into the softmax scale, V into the
+// output), never per element.
+struct KvScale {
+  float k = 1.f;
+  float v = 1.f;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -100,6 +112,7 @@ class Backend {
   virtual const CacheGeometry& geometry() const = 0;
   // Workers the fast split plan balances over (threads, or resident CTAs).
   virtual int32_t num_workers() const = 0;
+  virtual KvScale kv_scale(int32_t layer) const = 0;
 
   // A new stream with its own scratch (thread-safe). CUDA: fails with
   // RESOURCE_EXHAUSTED when the device has no room for its workspaces.
@@ -112,6 +125,7 @@ struct BackendOptions {
   int32_t cpu_threads = 0;    // 0 = all cores
   int32_t cuda_device = 0;
   int32_t max_batch = 256;    // sizes each stream's device workspaces
+  std::vector<KvScale> kv_scales;  // [num_layers], or empty: 1.0 everywhere
 };
 
 // Creates the backend `options.kind` names; "auto" picks CUDA when it was built

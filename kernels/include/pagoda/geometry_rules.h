@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 
+#include "pagoda/backend.h"
 #include "pagoda/paged_kv.h"
 #include "pagoda/status.h"
 
@@ -21,6 +22,9 @@ bool supported_head_dim(int32_t head_dim);
 // received value, e.g. "num_q_heads: expected a positive multiple of
 // num_kv_heads (4), received 6".
 Status validate_geometry(const CacheGeometry& g);
+
+// Per-layer K/V scales: none, or one finite positive pair per layer.
+Status validate_kv_scales(std::span<const KvScale> scales, int32_t num_layers);
 
 // "layer: expected [0, num_layers), received L" when out of range.
 Status check_layer(int32_t layer, int32_t num_layers);

@@ -29,6 +29,8 @@ struct ServerConfig {
   int64_t max_message_bytes = 0;
   int32_t max_batch = 0;
   int64_t max_batch_wait_us = 0;
+  std::vector<float> k_scales;  // [num_layers] the cache stores x / scale
+  std::vector<float> v_scales;  // [num_layers]
 
   // Elements of one token's K (or V) in one layer: num_kv_heads * head_dim.
   int64_t kv_row() const { return static_cast<int64_t>(num_kv_heads) * head_dim; }

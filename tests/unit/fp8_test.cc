@@ -1,0 +1,234 @@
+// The fp8 cache formats (DESIGN §9) against the reference written apart
+// (reference/fp8_reference.h): every code's value, round-trips, ties to even,
+// subnormals, saturation and random values; then every code as the CPU
+// kernel reads it from the cache (both SIMD targets), and a decode with K/V
+// scales against the reference on the dequantised cache.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cpu/decode_cpu.h"
+#include "pagoda/fp8.h"
+#include "pagoda/host_convert.h"
+#include "reference/decode_table.h"
+#include "reference/fp8_reference.h"
+#include "unit/cache_fixture.h"
+
+namespace pagoda::testing {
+namespace {
+
+class Fp8 : public ::testing::TestWithParam<DType> {};
+
+std::string format_name(const ::testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); }
+
+bool same_value(double a, float b) { return (std::isnan(a) && std::isnan(b)) || a == static_cast<double>(b); }
+
+TEST_P(Fp8, EveryCodeDecodesToItsValue) {
+  for (int c = 0; c < 256; ++c) {
+    const auto code = static_cast<uint8_t>(c);
+    EXPECT_TRUE(same_value(reference_fp8_value(code, GetParam()), fp8_to_float(code, GetParam())))
+        << "code " << c << ": " << fp8_to_float(code, GetParam());
+  }
+}
+
+TEST_P(Fp8, EveryFiniteCodeRoundTripsUnsaturated) {
+  int finite = 0;
+  for (int c = 0; c < 256; ++c) {
+    const auto code = static_cast<uint8_t>(c);
+    const float v = fp8_to_float(code, GetParam());
+    if (!std::isfinite(v)) continue;
+    ++finite;
+    const Fp8Encoded e = float_to_fp8(v, GetParam());
+    EXPECT_EQ(e.code, code) << "value " << v;
+    EXPECT_FALSE(e.saturated) << "value " << v;
+  }
+  EXPECT_EQ(finite, GetParam() == DType::kFloat8E4M3 ? 254 : 248);  // e4m3: 2 NaNs; e5m2: 2 infinities, 6 NaNs
+}
+
+// Between two neighbouring finite codes: the midpoint goes to the even
+// mantissa, anything off it to the nearer code.
+TEST_P(Fp8, TiesGoToTheEvenMantissaAndOthersToTheNearest) {
+  const DType t = GetParam();
+  for (int c = 0; c < 0x7F; ++c) {
+    const float lo = fp8_to_float(static_cast<uint8_t>(c), t);
+    const float hi = fp8_to_float(static_cast<uint8_t>(c + 1), t);
+    if (!std::isfinite(hi)) break;
+    const float mid = lo + (hi - lo) / 2;  // exact: one bit more than fp8 holds
+    for (float sign : {1.f, -1.f}) {
+      const uint8_t s = sign < 0 ? 0x80 : 0;
+      const uint8_t even = static_cast<uint8_t>(((c & 1) == 0 ? c : c + 1) | s);
+      EXPECT_EQ(float_to_fp8(sign * mid, t).code, even) << "midpoint " << sign * mid;
+      EXPECT_EQ(float_to_fp8(sign * std::nextafter(mid, 0.f), t).code, c | s) << sign * mid;
+      EXPECT_EQ(float_to_fp8(sign * std::nextafter(mid, INFINITY), t).code, (c + 1) | s) << sign * mid;
+    }
+  }
+}
+
+TEST_P(Fp8, SubnormalsAndZeroKeepTheirSign) {
+  const DType t = GetParam();
+  const float smallest = t == DType::kFloat8E4M3 ? 0x1p-9f : 0x1p-16f;
+  EXPECT_EQ(float_to_fp8(smallest, t).code, 0x01);
+  EXPECT_EQ(float_to_fp8(smallest / 2, t).code, 0x00);          // a tie: to the even code, 0
+  EXPECT_EQ(float_to_fp8(smallest * 0.75f, t).code, 0x01);
+  EXPECT_EQ(float_to_fp8(-smallest * 0.25f, t).code, 0x80);     // -0
+  EXPECT_EQ(float_to_fp8(-0.f, t).code, 0x80);
+  EXPECT_EQ(float_to_fp8(1e-30f, t).code, 0x00);
+  EXPECT_EQ(fp8_to_float(0x01, t), smallest);
+}
+
+TEST_P(Fp8, AboveTheLargestFiniteValueSaturatesAndSaysSo) {
+  const DType t = GetParam();
+  const float max = static_cast<float>(reference_fp8_max(t));
+  const uint8_t max_code = t == DType::kFloat8E4M3 ? 0x7E : 0x7B;
+  EXPECT_EQ(float_to_fp8(max, t).code, max_code);
+  EXPECT_FALSE(float_to_fp8(max, t).saturated);
+  for (float x : {std::nextafter(max, INFINITY), max * 1.1f, 1e30f, INFINITY}) {
+    const Fp8Encoded pos = float_to_fp8(x, t);
+    const Fp8Encoded neg = float_to_fp8(-x, t);
+    EXPECT_EQ(pos.code, max_code) << x;
+    EXPECT_TRUE(pos.saturated) << x;
+    EXPECT_EQ(neg.code, max_code | 0x80) << -x;
+    EXPECT_TRUE(neg.saturated) << -x;
+  }
+  EXPECT_TRUE(std::isnan(fp8_to_float(float_to_fp8(NAN, t).code, t)));
+}
+
+TEST_P(Fp8, RandomValuesEncodeAsTheReferenceDoes) {
+  const DType t = GetParam();
+  std::mt19937_64 rng(8);
+  std::uniform_real_distribution<double> log_magnitude(-24.0, 20.0);
+  for (int i = 0; i < 100000; ++i) {
+    const float x = static_cast<float>((i & 1 ? -1 : 1) * std::exp2(log_magnitude(rng)));
+    const Fp8Encoded e = float_to_fp8(x, t);
+    ASSERT_EQ(e.code, reference_fp8_encode(x, t)) << "x = " << x;
+    ASSERT_EQ(e.saturated, std::abs(x) > reference_fp8_max(t)) << "x = " << x;
+  }
+}
+
+TEST_P(Fp8, BulkConversionAndNonFiniteScanAgree) {
+  const DType t = GetParam();
+  std::vector<uint8_t> codes(256);
+  for (int c = 0; c < 256; ++c) codes[static_cast<size_t>(c)] = static_cast<uint8_t>(c);
+  std::vector<float> values(256);
+  convert_to_float(codes.data(), t, values.data(), 256);
+  int64_t first_bad = -1;
+  for (int c = 0; c < 256; ++c) {
+    EXPECT_TRUE(same_value(reference_fp8_value(static_cast<uint8_t>(c), t), values[static_cast<size_t>(c)]));
+    if (first_bad < 0 && !std::isfinite(values[static_cast<size_t>(c)])) first_bad = c;
+  }
+  EXPECT_EQ(first_non_finite(codes.data(), t, 256), first_bad);
+  EXPECT_EQ(first_non_finite(codes.data(), t, 0x70), -1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Fp8, ::testing::Values(DType::kFloat8E4M3, DType::kFloat8E5M2), format_name);
+
+// ---- the CPU kernel's reads ---------------------------------------------------
+
+struct KernelReadCase {
+  DType format;
+  const char* target;
+};
+
+class Fp8KernelReads : public ::testing::TestWithParam<KernelReadCase> {
+ protected:
+  void SetUp() override {
+    const Status s = cpu::select_simd_target(GetParam().target);
+    if (s.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << s.message();
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  void TearDown() override { EXPECT_TRUE(cpu::select_simd_target("best").ok()); }
+};
+
+// One-token sequences, one per 64 codes: the output of a lone key is its V row
+// exactly (weight 1), and with q = e_j the LSE is K[j] (to fp32 rounding of the
+// scores). Codes the append path cannot store (e5m2's infinities, NaNs other
+// than the canonical S.1111.111) are the only ones skipped. A NaN in K would
+// poison every score of its row (0 * NaN), so K holds 0 where V holds a NaN.
+TEST_P(Fp8KernelReads, EveryCodeReadsAsItsValue) {
+  const DType t = GetParam().format;
+  CacheGeometry g;
+  g.num_layers = 1;
+  g.num_kv_heads = 1;
+  g.num_q_heads = 1;
+  g.head_dim = 64;
+  g.block_size = 16;
+  g.dtype = t;
+  g.num_blocks = 8;
+  CacheFixture f({g, 1, 3});
+  int checked = 0;
+  for (int first = 0; first < 256; first += 64) {
+    std::vector<float> k_row(64), v_row(64);
+    for (int i = 0; i < 64; ++i) {
+      v_row[static_cast<size_t>(i)] = fp8_to_float(static_cast<uint8_t>(first + i), t);
+      k_row[static_cast<size_t>(i)] = std::isnan(v_row[static_cast<size_t>(i)]) ? 0.f : v_row[static_cast<size_t>(i)];
+    }
+    const SequenceId id = f.cache().create("codes");
+    f.append_rows(id, 0, 1, k_row, v_row);
+    for (int j = 0; j < 64; ++j) {
+      const auto code = static_cast<uint8_t>(first + j);
+      const float want = fp8_to_float(code, t);
+      if (std::isinf(want) || (std::isnan(want) && (code & 0x7F) != 0x7F)) continue;
+      CacheFixture::Queries q;
+      q.dtype = DType::kFloat32;
+      q.values.assign(64, 0.f);
+      q.values[static_cast<size_t>(j)] = 1.f;
+      q.bytes.resize(64 * 4);
+      std::memcpy(q.bytes.data(), q.values.data(), 64 * 4);
+      const auto got = f.decode(0, {id}, q, 1.f, SplitMode::kDeterministic, 512);
+      EXPECT_TRUE(same_value(want, got.out[static_cast<size_t>(j)])) << "V code " << int(code) << ": " << got.out[j];
+      const float want_k = std::isnan(want) ? 0.f : want;
+      EXPECT_NEAR(got.lse[0], want_k, 2e-6 * std::abs(want_k) + 1e-12) << "K code " << int(code);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, t == DType::kFloat8E4M3 ? 256 : 250);
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, Fp8KernelReads,
+                         ::testing::Values(KernelReadCase{DType::kFloat8E4M3, "best"},
+                                           KernelReadCase{DType::kFloat8E5M2, "best"},
+                                           KernelReadCase{DType::kFloat8E4M3, "avx2"},
+                                           KernelReadCase{DType::kFloat8E5M2, "avx2"}),
+                         [](const ::testing::TestParamInfo<KernelReadCase>& info) {
+                           return fmt::format("{}_{}", dtype_name(info.param.format), info.param.target);
+                         });
+
+// Scales (stored = x / scale): K and V of a layer stored small, read back
+// scaled; against the reference on the dequantised cache, with values that
+// saturate counted.
+TEST(Fp8Scales, DecodeWithScalesMatchesTheReferenceOnTheDequantisedCache) {
+  for (DType t : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    SCOPED_TRACE(dtype_name(t));
+    CacheGeometry g;
+    g.num_layers = 2;
+    g.num_kv_heads = 2;
+    g.num_q_heads = 8;
+    g.head_dim = 128;
+    g.block_size = 16;
+    g.dtype = t;
+    g.num_blocks = 256;
+    FixtureOptions o{g, 2, 11};
+    o.kv_scales = {KvScale{0.01f, 0.02f}, KvScale{4.f, 0.5f}};
+    CacheFixture f(o);
+    for (int32_t layer : {0, 1}) {
+      const std::vector<SequenceId> ids = {f.add_sequence(layer, 900), f.add_sequence(layer, 33)};
+      const auto q = f.random_queries(2, DType::kFloat32);
+      const auto got = f.decode(layer, ids, q, 0.088f, SplitMode::kDeterministic, 512);
+      const auto want = f.reference(layer, ids, q, 0.088);
+      const ErrorStats e = compare(want.out, got.out);
+      EXPECT_FALSE(e.has_nan);
+      EXPECT_LE(e.max_abs, bounds_for(DType::kFloat32).max_abs);
+      EXPECT_LE(e.nmse, bounds_for(DType::kFloat32).nmse);
+      for (size_t i = 0; i < want.lse.size(); ++i) EXPECT_NEAR(got.lse[i], want.lse[i], 1e-4) << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pagoda::testing

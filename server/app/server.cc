@@ -9,13 +9,14 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
-#include "observability/cache_gauges.h"
 #include "cache/cache_manager.h"
 #include "engine/determinism_checker.h"
 #include "engine/engine.h"
+#include "observability/cache_gauges.h"
 #include "observability/metrics.h"
-#include "rpc/service.h"
 #include "observability/summary_logger.h"
+#include "rpc/parse_failure_interceptor.h"
+#include "rpc/service.h"
 
 namespace pagoda {
 namespace {
@@ -99,7 +100,13 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   grpc::ServerBuilder builder;
   builder.AddListeningPort(raw.listen, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->service_.get());
-  builder.SetMaxReceiveMessageSize(static_cast<int>(raw.max_message_bytes));
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<ParseFailureInterceptorFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  // The transport takes up to twice --max-message-bytes; the service refuses
+  // what is past the limit itself, so that one oversized request on a
+  // DecodeStream is answered on its own instead of ending the stream.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(2 * raw.max_message_bytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(static_cast<int>(raw.max_message_bytes));
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
@@ -144,6 +151,24 @@ void PagodaServer::shutdown(double drain_seconds) {
   const auto deadline = std::chrono::steady_clock::now() + drain_for;
   while (service_->active_calls() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Shutdown would cancel the calls gRPC has accepted but not yet handed to a
+  // handler, and a cancelled call cannot tell its client whether it ran. So
+  // the server listens on, refusing with UNAVAILABLE, until no call has
+  // arrived for kQuiet (or the drain time is up).
+  constexpr auto kQuiet = std::chrono::milliseconds(50);
+  int64_t refused = service_->refused_while_draining();
+  auto quiet_since = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const int64_t now_refused = service_->refused_while_draining();
+    const auto now = std::chrono::steady_clock::now();
+    if (now_refused != refused || service_->active_calls() > 0) {
+      refused = now_refused;
+      quiet_since = now;
+    } else if (now - quiet_since >= kQuiet) {
+      break;
+    }
   }
   if (service_->active_calls() > 0) {
     spdlog::warn("shutdown: {} calls still in flight after {} s; cancelling them", service_->active_calls(),

@@ -260,8 +260,8 @@ void Engine::worker_loop(Worker& w) {
 }
 
 void Engine::run_append(Worker& w, AppendWork& work) {
-  if (work.cancelled.load(std::memory_order_relaxed)) {
-    work.done->work_done(Status(StatusCode::kCancelled, "request: cancelled or past its deadline before it ran"));
+  if (Status refused = refusal(work); !refused.ok()) {
+    work.done->work_done(refused);
     return;
   }
   StatusOr<int32_t> length =
@@ -290,8 +290,8 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
     DecodeWork& d = *items[i].decode;
     d.queue_us = micros_between(d.enqueued, start);
     if (observers_.metrics) observers_.metrics->observe_stage(DecodeStage::kQueue, d.queue_us * 1e-6);
-    if (d.cancelled.load(std::memory_order_relaxed)) {
-      d.done->work_done(Status(StatusCode::kCancelled, "request: cancelled or past its deadline before it ran"));
+    if (Status refused = refusal(d); !refused.ok()) {
+      d.done->work_done(refused);
       continue;
     }
     ReserveRequest request;

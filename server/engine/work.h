@@ -52,8 +52,12 @@ struct DecodeWork {
   EngineClock::time_point enqueued;
   WorkDone* done = nullptr;
   // Set when the caller gave up (cancelled, deadline passed): if the engine has
-  // not reserved yet, the item fails with CANCELLED and changes nothing.
+  // not reserved yet, the item fails and changes nothing (refusal()).
   std::atomic<bool> cancelled{false};
+  // The call's deadline (max: none). Checked when the item is reserved: past
+  // it, nothing happens and the answer is DEADLINE_EXCEEDED; once reserved,
+  // the item completes (its append is committed) whatever the caller does.
+  std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
 
   DecodeWork() = default;
   DecodeWork(const DecodeWork&) = delete;
@@ -94,6 +98,20 @@ struct AppendWork {
   int32_t layer_length = 0;              // filled: the layer's length after the append
   WorkDone* done = nullptr;
   std::atomic<bool> cancelled{false};    // as DecodeWork::cancelled
+  std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();  // as DecodeWork's
 };
+
+// Why a work item must not start, checked at its reservation: its deadline has
+// passed (DEADLINE_EXCEEDED) or its caller gave up (CANCELLED); OK otherwise.
+template <typename Work>
+Status refusal(const Work& w) {
+  if (w.deadline != std::chrono::system_clock::time_point::max() && std::chrono::system_clock::now() >= w.deadline) {
+    return Status(StatusCode::kDeadlineExceeded, "request: deadline passed before it ran; nothing was changed");
+  }
+  if (w.cancelled.load(std::memory_order_relaxed)) {
+    return Status(StatusCode::kCancelled, "request: cancelled before it ran; nothing was changed");
+  }
+  return Status::Ok();
+}
 
 }  // namespace pagoda

@@ -4,11 +4,21 @@
 // request_id. A failed request is answered with DecodeResponse.error and the
 // stream carries on. At most kMaxPending requests are in flight per stream: the
 // next read waits for a write, so a fast sender cannot grow the server's memory.
+//
+// The stream carries raw bytes and parses each message itself: gRPC's typed
+// reader reports a message that does not parse like the end of the stream. A
+// message that does not parse ends the stream, once every earlier request is
+// answered, with INVALID_ARGUMENT naming its place ("DecodeStream message 2");
+// one larger than --max-message-bytes is answered with RESOURCE_EXHAUSTED and
+// the stream carries on.
 #include <deque>
 #include <memory>
 #include <mutex>
 
 #include <fmt/format.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <spdlog/spdlog.h>
 
 #include "rpc/decode_response.h"
 #include "rpc/grpc_status.h"
@@ -17,9 +27,10 @@
 
 namespace pagoda {
 
-class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit DecodeStreamCall(DecodeAttentionService& service) : service_(service) {
+  DecodeStreamCall(DecodeAttentionService& service, const grpc::CallbackServerContext& ctx)
+      : service_(service), deadline_(ctx.deadline()) {
     service_.register_stream(this);
     start_read();
   }
@@ -50,6 +61,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest,
     }
     std::unique_ptr<Slot> slot = std::move(reading_);
     slot->received = EngineClock::now();
+    const int64_t index = ++messages_read_;
     bool refuse = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -58,8 +70,20 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest,
       if (finished_) return;
       refuse = draining_;
     }
+    const size_t bytes = slot->raw.Length();
+    if (!parse(slot->raw, slot->request)) {
+      end_reads_with(InvalidArgument("DecodeStream message {}: cannot parse its {} bytes as pagoda.v1.DecodeRequest; "
+                                     "every earlier request was answered",
+                                     index, bytes));
+      return;
+    }
+    slot->raw.Clear();
     Engine& engine = service_.engine();
     Status status = refuse ? draining_status() : Status::Ok();
+    const int64_t limit = service_.settings().max_message_bytes;
+    if (status.ok() && static_cast<int64_t>(bytes) > limit) {
+      status = ResourceExhausted("request: expected at most {} bytes (--max-message-bytes), received {}", limit, bytes);
+    }
     if (status.ok()) {
       engine.note_arriving();
       const ServiceSettings& settings = service_.settings();
@@ -80,6 +104,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest,
       plan_locked(act);
     }
     if (status.ok()) {
+      raw->work.deadline = deadline_;
       raw->work.done = raw;
       engine.submit(&raw->work);  // may complete (and be written) at once
     }
@@ -114,6 +139,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest,
 
   struct Slot final : public WorkDone {
     DecodeStreamCall* call = nullptr;
+    grpc::ByteBuffer raw;  // the message as read, then the response as written
     v1::DecodeRequest request;
     v1::DecodeResponse response;
     DecodeWork work;
@@ -125,7 +151,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest,
   // gRPC operations decided under mu_ and started after it is released.
   struct Actions {
     bool read = false;
-    const v1::DecodeResponse* write = nullptr;
+    Slot* write = nullptr;
     bool finish = false;
     grpc::Status finish_status;
   };
@@ -133,7 +159,27 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest,
   void start_read() {
     reading_ = std::make_unique<Slot>();
     reading_->call = this;
-    StartRead(&reading_->request);
+    StartRead(&reading_->raw);
+  }
+
+  static bool parse(grpc::ByteBuffer& raw, v1::DecodeRequest& request) {
+    grpc::ProtoBufferReader reader(&raw);
+    return request.ParseFromZeroCopyStream(&reader);
+  }
+
+  // A message that did not parse: no more reads; what was read is answered,
+  // then the stream ends with `status`.
+  void end_reads_with(const Status& status) {
+    spdlog::warn("DecodeStream failed: {}", status.message());
+    Actions act;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      read_outstanding_ = false;
+      reads_done_ = true;
+      framing_error_ = status;
+      plan_locked(act);
+    }
+    run(act);
   }
 
   void on_work_done(Slot& slot, const Status& status) {
@@ -175,22 +221,30 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest,
       while (!pending_.empty() && pending_.front()->ready) pending_.pop_front();
     } else if (!writing_ && !pending_.empty() && pending_.front()->ready) {
       writing_ = true;
-      act.write = &pending_.front()->response;
+      act.write = pending_.front().get();
     }
     if (reads_done_ && pending_.empty() && !writing_) {
       finished_ = true;
       act.finish = true;
-      act.finish_status = draining_ ? to_grpc_status(draining_status()) : grpc::Status::OK;
+      act.finish_status = !framing_error_.ok() ? to_grpc_status(framing_error_)
+                          : draining_          ? to_grpc_status(draining_status())
+                                               : grpc::Status::OK;
     }
   }
 
   void run(Actions& act) {
     if (act.read) start_read();
-    if (act.write) StartWrite(act.write);
+    if (act.write) {
+      bool own = false;
+      (void)grpc::SerializationTraits<v1::DecodeResponse>::Serialize(act.write->response, &act.write->raw, &own);
+      StartWrite(&act.write->raw);
+    }
     if (act.finish) Finish(act.finish_status);
   }
 
   DecodeAttentionService& service_;
+  const std::chrono::system_clock::time_point deadline_;  // the stream's, for each request
+  int64_t messages_read_ = 0;                              // reads are one at a time
   std::mutex mu_;
   std::unique_ptr<Slot> reading_;              // the slot the outstanding read fills
   std::deque<std::unique_ptr<Slot>> pending_;  // in request order; the front is written next
@@ -200,12 +254,13 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<v1::DecodeRequest,
   bool write_failed_ = false;
   bool draining_ = false;
   bool finished_ = false;
+  Status framing_error_;  // a message that did not parse: the stream's final status
 };
 
-grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeAttentionService::DecodeStream(
-    grpc::CallbackServerContext*) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeAttentionService::DecodeStream(
+    grpc::CallbackServerContext* ctx) {
   if (draining()) {
-    class Refused final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+    class Refused final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
      public:
       explicit Refused(DecodeAttentionService& service) {
       service.observe_call(RpcMethod::kDecodeStream, EngineClock::now(), draining_status());
@@ -215,7 +270,7 @@ grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeAttentionS
     };
     return new Refused(*this);
   }
-  return new DecodeStreamCall(*this);
+  return new DecodeStreamCall(*this, *ctx);
 }
 
 void DecodeAttentionService::register_stream(DecodeStreamCall* call) {

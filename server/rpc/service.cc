@@ -58,6 +58,7 @@ class DecodeCall final : public EngineCall<DecodeWork> {
              const DecodeWork& validated)
       : EngineCall(service), request_(request), response_(response) {
     work_.take_request(validated);
+    work_.deadline = validated.deadline;
     work_.done = this;
     service.engine().submit(&work_);
   }
@@ -75,13 +76,15 @@ class DecodeCall final : public EngineCall<DecodeWork> {
 // One AppendKV: the write (and any dtype conversion) runs on the engine.
 class AppendCall final : public EngineCall<AppendWork> {
  public:
-  AppendCall(DecodeAttentionService& service, const v1::AppendKVRequest& request, v1::AppendKVResponse& response)
+  AppendCall(DecodeAttentionService& service, const grpc::CallbackServerContext& ctx,
+             const v1::AppendKVRequest& request, v1::AppendKVResponse& response)
       : EngineCall(service), request_(request), response_(response) {
     const Status status = decode_request(request, service.settings().geometry, work_);
     if (!status.ok()) {
       work_done(status);
       return;
     }
+    work_.deadline = ctx.deadline();
     work_.done = this;
     service.engine().submit(&work_);
   }
@@ -107,12 +110,22 @@ struct InlineDecode final : public WorkDone {
 
 }  // namespace
 
+Status DecodeAttentionService::check_message_size(const google::protobuf::Message& request) const {
+  const auto bytes = static_cast<int64_t>(request.ByteSizeLong());
+  if (bytes <= settings_.max_message_bytes) return Status::Ok();
+  return ResourceExhausted("request: expected at most {} bytes (--max-message-bytes), received {}",
+                           settings_.max_message_bytes, bytes);
+}
+
 Status draining_status() { return Unavailable("server: draining (shutting down); send new calls to another replica"); }
 
 void DecodeAttentionService::observe_call(RpcMethod method, EngineClock::time_point received, const Status& status,
                                           std::string_view what) {
   const double seconds = std::chrono::duration<double>(EngineClock::now() - received).count();
   const int code = static_cast<int>(status.code());
+  if (status.code() == StatusCode::kUnavailable && draining()) {
+    refused_while_draining_.fetch_add(1, std::memory_order_acq_rel);
+  }
   metrics_.observe_rpc(method, code, seconds);
   if (status.ok()) return;
   // The caller's mistakes (and refusals while draining) are warnings; the server's own failures are errors.
@@ -185,7 +198,8 @@ grpc::ServerUnaryReactor* DecodeAttentionService::AppendKV(grpc::CallbackServerC
                                                            v1::AppendKVResponse* response) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kAppendKV, t0, draining_status());
-  return new AppendCall(*this, *request, *response);
+  if (Status size = check_message_size(*request); !size.ok()) return finish_unary(ctx, RpcMethod::kAppendKV, t0, size);
+  return new AppendCall(*this, *ctx, *request, *response);
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerContext* ctx,
@@ -193,12 +207,16 @@ grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerCon
                                                          v1::DecodeResponse* response) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kDecode, t0, draining_status());
+  if (Status size = check_message_size(*request); !size.ok()) {
+    return finish_unary(ctx, RpcMethod::kDecode, t0, size, describe(*request));
+  }
   InlineDecode call;
   engine_.note_arriving();
   const Status status = decode_request(*request, settings_.geometry, settings_.max_batch, call.work);
   engine_.note_arrived();
   if (!status.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, status, describe(*request));
   prepare_response(*request, settings_.geometry, call.work, *response);
+  call.work.deadline = ctx->deadline();
   // Nothing can batch with a lone small call: it runs here and answers through
   // the default reactor, with no hop to an engine worker and back.
   call.work.done = &call;

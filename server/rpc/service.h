@@ -32,7 +32,16 @@ struct ServiceSettings {
 
 class DecodeStreamCall;
 
-class DecodeAttentionService final : public v1::DecodeAttention::CallbackService {
+// Every method typed on the callback API but DecodeStream, which reads and
+// writes raw bytes and parses each message itself (decode_stream.cc says why).
+using DecodeAttentionBase = v1::DecodeAttention::WithCallbackMethod_GetConfig<
+    v1::DecodeAttention::WithCallbackMethod_CreateSequence<v1::DecodeAttention::WithCallbackMethod_AppendKV<
+        v1::DecodeAttention::WithCallbackMethod_Decode<v1::DecodeAttention::WithRawCallbackMethod_DecodeStream<
+            v1::DecodeAttention::WithCallbackMethod_ForkSequence<v1::DecodeAttention::WithCallbackMethod_FreeSequence<
+                v1::DecodeAttention::WithCallbackMethod_GetSequence<
+                    v1::DecodeAttention::WithCallbackMethod_TruncateSequence<v1::DecodeAttention::Service>>>>>>>>>;
+
+class DecodeAttentionService final : public DecodeAttentionBase {
  public:
   DecodeAttentionService(const ServiceSettings& settings, Backend& backend, CacheManager& cache, Engine& engine,
                          Metrics& metrics, CacheGauges& cache_gauges);
@@ -45,8 +54,7 @@ class DecodeAttentionService final : public v1::DecodeAttention::CallbackService
                                      v1::AppendKVResponse* response) override;
   grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* ctx, const v1::DecodeRequest* request,
                                    v1::DecodeResponse* response) override;
-  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
-      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeStream(grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* ForkSequence(grpc::CallbackServerContext* ctx, const v1::ForkSequenceRequest* request,
                                          v1::ForkSequenceResponse* response) override;
   grpc::ServerUnaryReactor* FreeSequence(grpc::CallbackServerContext* ctx, const v1::FreeSequenceRequest* request,
@@ -65,9 +73,14 @@ class DecodeAttentionService final : public v1::DecodeAttention::CallbackService
   // others answer within their handler).
   int64_t active_calls() const { return active_calls_.load(std::memory_order_acquire); }
   void call_started() { active_calls_.fetch_add(1, std::memory_order_acq_rel); }
+  // Calls refused with UNAVAILABLE since the drain began (the drain listens on
+  // until they stop arriving).
+  int64_t refused_while_draining() const { return refused_while_draining_.load(std::memory_order_acquire); }
   void call_done() { active_calls_.fetch_sub(1, std::memory_order_acq_rel); }
 
   const ServiceSettings& settings() const { return settings_; }
+  // RESOURCE_EXHAUSTED past --max-message-bytes (the transport takes twice that).
+  Status check_message_size(const google::protobuf::Message& request) const;
   CacheManager& cache() { return cache_; }
   Engine& engine() { return engine_; }
 
@@ -95,6 +108,7 @@ class DecodeAttentionService final : public v1::DecodeAttention::CallbackService
   CacheGauges& cache_gauges_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_calls_{0};
+  std::atomic<int64_t> refused_while_draining_{0};
   std::mutex streams_mu_;
   std::unordered_set<DecodeStreamCall*> streams_;
 };

@@ -1,0 +1,197 @@
+// Faults a hostile or unlucky client meets (DESIGN §11): a stream message that
+// does not parse ends the stream INVALID_ARGUMENT naming it, after every
+// earlier request is answered; an oversized message on a stream is answered
+// on its own and the stream carries on; a drain under load answers every call
+// OK or UNAVAILABLE, never CANCELLED, and an UNAVAILABLE call changed nothing.
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/proto_buffer_writer.h>
+
+#include "cache/cache_manager.h"
+#include "e2e_fixture.h"
+
+namespace pagoda::e2e {
+namespace {
+
+grpc::ByteBuffer raw_bytes(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+grpc::ByteBuffer serialized(const google::protobuf::Message& m) { return raw_bytes(m.SerializeAsString()); }
+
+// A DecodeStream driven with raw messages through the generic stub, one
+// operation at a time.
+class RawStream {
+ public:
+  explicit RawStream(int port)
+      : stub_(grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials())) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    call_ = stub_.PrepareCall(&ctx_, "/pagoda.v1.DecodeAttention/DecodeStream", &cq_);
+    call_->StartCall(tag());
+    step();
+  }
+  bool write(const grpc::ByteBuffer& b) {
+    call_->Write(b, tag());
+    return step();
+  }
+  void writes_done() {
+    call_->WritesDone(tag());
+    step();
+  }
+  bool read(v1::DecodeResponse& r) {
+    grpc::ByteBuffer b;
+    call_->Read(&b, tag());
+    if (!step()) return false;
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (b.Dump(&slices).ok())
+      for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    return r.ParseFromString(bytes);
+  }
+  grpc::Status finish() {
+    grpc::Status status;
+    call_->Finish(&status, tag());
+    step();
+    return status;
+  }
+
+ private:
+  void* tag() { return reinterpret_cast<void*>(++next_tag_); }
+  bool step() {
+    void* got = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq_.Next(&got, &ok));
+    EXPECT_EQ(got, reinterpret_cast<void*>(next_tag_));
+    return ok;
+  }
+
+  grpc::GenericStub stub_;
+  grpc::ClientContext ctx_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
+  intptr_t next_tag_ = 0;
+};
+
+class ReliabilityTest : public ServerTest {
+ protected:
+  ServerConfig config() const override {
+    ServerConfig c = small_config();
+    c.max_message_bytes = 64 << 10;
+    return c;
+  }
+};
+
+TEST_F(ReliabilityTest, AStreamMessageThatDoesNotParseEndsTheStreamNamingIt) {
+  const uint64_t id = make_sequence(20);
+  v1::DecodeRequest first = session_.decode_request(0, {id}, random_q(1));
+  first.set_request_id(1);
+  v1::DecodeRequest third = first;
+  third.set_request_id(3);
+  RawStream stream(server_->port());
+  ASSERT_TRUE(stream.write(serialized(first)));
+  ASSERT_TRUE(stream.write(raw_bytes("\xff\xff\xff")));
+  (void)stream.write(serialized(third));  // may already be refused
+  stream.writes_done();
+  v1::DecodeResponse r;
+  ASSERT_TRUE(stream.read(r));
+  EXPECT_EQ(r.request_id(), 1u);
+  EXPECT_FALSE(r.has_error());
+  EXPECT_FALSE(stream.read(r)) << "request 3 was read past the unparsable message";
+  const grpc::Status s = stream.finish();
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            "DecodeStream message 2: cannot parse its 3 bytes as pagoda.v1.DecodeRequest; every earlier request was "
+            "answered");
+}
+
+TEST_F(ReliabilityTest, AnOversizedStreamMessageIsAnsweredAloneAndTheStreamCarriesOn) {
+  const uint64_t id = make_sequence(60);
+  // 40 rows of q, k and v: about 120 KiB, past the 64 KiB limit.
+  v1::DecodeRequest big = session_.decode_request(0, {id}, random_q(40), random_kv(40), random_kv(40));
+  big.add_q_lengths(40);
+  big.set_request_id(1);
+  ASSERT_GT(big.ByteSizeLong(), 64u << 10);
+  v1::DecodeRequest small = session_.decode_request(0, {id}, random_q(1));
+  small.set_request_id(2);
+  RawStream stream(server_->port());
+  ASSERT_TRUE(stream.write(serialized(big)));
+  ASSERT_TRUE(stream.write(serialized(small)));
+  stream.writes_done();
+  v1::DecodeResponse r;
+  ASSERT_TRUE(stream.read(r));
+  EXPECT_EQ(r.request_id(), 1u);
+  EXPECT_EQ(r.error().code(), grpc::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(r.error().message(), fmt::format("request: expected at most 65536 bytes (--max-message-bytes), "
+                                             "received {}",
+                                             big.ByteSizeLong()));
+  ASSERT_TRUE(stream.read(r));
+  EXPECT_EQ(r.request_id(), 2u);
+  EXPECT_FALSE(r.has_error());
+  EXPECT_TRUE(stream.finish().ok());
+  v1::GetSequenceResponse info;
+  ASSERT_TRUE(session_.get(id, info).ok());
+  EXPECT_EQ(info.layer_lengths(0), 60) << "the refused request appended";
+  // The same request unary: refused the same way.
+  v1::DecodeResponse resp;
+  grpc::ClientContext ctx;
+  const grpc::Status unary = stub_->Decode(&ctx, big, &resp);
+  EXPECT_EQ(unary.error_code(), grpc::RESOURCE_EXHAUSTED);
+}
+
+// Sixteen clients call in a loop (append-and-decode, or GetSequence); the server drains under them.
+// Every call ends OK or UNAVAILABLE, and each sequence grew by exactly its OK calls.
+TEST_F(ReliabilityTest, ADrainUnderLoadAnswersOkOrUnavailableNeverCancelled) {
+  constexpr int kClients = 16;
+  std::vector<uint64_t> ids;
+  for (int c = 0; c < kClients; ++c) ids.push_back(make_sequence(16));
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::map<int, int> codes;  // gRPC code -> calls
+  std::vector<int> ok_appends(kClients, 0);
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      auto stub = make_stub(*server_);
+      Session session{stub.get(), g_};
+      std::mt19937 rng(static_cast<unsigned>(c));
+      for (int call = 0; !stop.load(); ++call) {
+        v1::DecodeResponse r;
+        // Odd clients: appends while the cache has room for every client's, then
+        // decodes only. Even ones: GetSequence as fast as it answers.
+        const auto kv = call < 100 ? random_values(rng, static_cast<size_t>(g_.num_kv_heads) * g_.head_dim)
+                                   : std::vector<float>{};
+        v1::GetSequenceResponse info;
+        const grpc::Status s =
+            c % 2 == 0 ? session.get(ids[static_cast<size_t>(c)], info)
+                       : session.decode(0, {ids[static_cast<size_t>(c)]},
+                                        random_values(rng, static_cast<size_t>(g_.num_q_heads) * g_.head_dim), r, kv, kv);
+        std::lock_guard lock(mu);
+        ++codes[s.error_code()];
+        if (s.ok() && c % 2 == 1 && !kv.empty()) ++ok_appends[static_cast<size_t>(c)];
+        if (s.error_code() == grpc::UNAVAILABLE) return;
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  server_->shutdown(10.0);
+  stop = true;
+  for (auto& t : clients) t.join();
+  for (const auto& [code, n] : codes) {
+    EXPECT_TRUE(code == grpc::OK || code == grpc::UNAVAILABLE) << n << " calls ended with code " << code;
+  }
+  EXPECT_GT(codes[grpc::OK], 0);
+  for (int c = 0; c < kClients; ++c) {
+    auto info = server_->cache().info(ids[static_cast<size_t>(c)]);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->layer_lengths[0], 16 + ok_appends[static_cast<size_t>(c)]) << "client " << c;
+  }
+}
+
+}  // namespace
+}  // namespace pagoda::e2e

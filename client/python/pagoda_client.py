@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 import os
 import sys
+import time
 from typing import Iterable, Iterator, Optional, Sequence
 
 import grpc
@@ -118,6 +119,8 @@ class DecodeResult:
     split_tokens: int
     deterministic: bool
     timing_us: dict               # queue_us, compute_us, total_us
+    attempts: int = 1             # decode_step: calls made
+    replayed: bool = False        # decode_step: an earlier attempt had appended; this is a re-read
 
 
 class PagodaClient:
@@ -185,6 +188,51 @@ class PagodaClient:
                                    q_lengths, sliding_window, logits_soft_cap, sinks, expected_lengths)
         resp = _call("Decode", self.stub.Decode, req, timeout=self.timeout)
         return self._result(resp, _rows(sequence_ids, q_lengths))
+
+    def decode_step(self, layer: int, sequence_ids: Sequence[int], q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                    expected_lengths: Optional[Sequence[int]] = None, attempts: int = 4, backoff: float = 0.005,
+                    **decode_kwargs) -> DecodeResult:
+        """One decode step that is safe to retry (DESIGN §11): appends k, v and attends,
+        sending expected_lengths (read with GetSequence first when not given). Calls that
+        end DEADLINE_EXCEEDED or UNAVAILABLE are sent again, up to `attempts` calls in all;
+        a FAILED_PRECONDITION whose sequences hold exactly expected + rows tokens means an
+        earlier attempt was applied, and the step is re-read (a Decode without k/v, the same
+        output) instead of appended twice. The result's `replayed` says so."""
+        calls = [0]
+        wait = [backoff]
+
+        def with_retries(fn):
+            while True:
+                try:
+                    calls[0] += 1
+                    return fn()
+                except PagodaError as e:
+                    if e.code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) \
+                            or calls[0] >= attempts:
+                        raise
+                    time.sleep(wait[0])
+                    wait[0] *= 2
+
+        def lengths_now():
+            return [list(with_retries(lambda i=i: self.get_sequence(i)).layer_lengths)[layer] for i in sequence_ids]
+
+        expected = list(expected_lengths) if expected_lengths is not None else lengths_now()
+        try:
+            result = with_retries(lambda: self.decode(layer, sequence_ids, q, k, v,
+                                                      expected_lengths=expected, **decode_kwargs))
+            result.attempts = calls[0]
+            return result
+        except PagodaError as e:
+            if e.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            rows = decode_kwargs.get("q_lengths") or [1] * len(sequence_ids)
+            after = [n + r for n, r in zip(expected, rows)]
+            if lengths_now() != after:
+                raise
+        result = with_retries(lambda: self.decode(layer, sequence_ids, q, expected_lengths=after, **decode_kwargs))
+        result.attempts = calls[0]
+        result.replayed = True
+        return result
 
     def decode_stream(self, requests: Iterable[dict], timeout: Optional[float] = None) -> Iterator[DecodeResult]:
         """DecodeStream: each item of `requests` holds decode()'s keyword arguments;

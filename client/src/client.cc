@@ -1,5 +1,7 @@
 #include "pagoda/client/client.h"
 
+#include <thread>
+
 #include <fmt/format.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -107,6 +109,74 @@ Result<DecodeResult> Client::decode(const DecodeArgs& args) {
   const grpc::Status st = impl_->stub->Decode(&ctx, *req, &resp);
   if (!st.ok()) return error_from_grpc(st, "Decode");
   return wire::decode_result(resp, *config, args.rows());
+}
+
+namespace {
+
+bool retryable(ErrorCode code) { return code == ErrorCode::kDeadlineExceeded || code == ErrorCode::kUnavailable; }
+
+}  // namespace
+
+Result<DecodeResult> Client::decode_step(const DecodeArgs& args, const RetryOptions& retry) {
+  if (args.k.empty() || args.v.empty()) {
+    return invalid_argument("k, v: expected the step's new K/V (decode_step appends), received none");
+  }
+  std::chrono::milliseconds wait = retry.backoff;
+  int32_t calls = 0;
+  // Every call below retries on DEADLINE_EXCEEDED and UNAVAILABLE, sharing one
+  // budget of retry.attempts calls.
+  auto with_retries = [&](auto call) {
+    for (;;) {
+      auto r = call();
+      ++calls;
+      if (r.ok() || !retryable(r.error().code()) || calls >= retry.attempts) return r;
+      std::this_thread::sleep_for(wait);
+      wait *= 2;
+    }
+  };
+  // The layer's length of every sequence now.
+  auto lengths_now = [&]() -> Result<std::vector<int32_t>> {
+    std::vector<int32_t> lengths;
+    for (uint64_t id : args.sequence_ids) {
+      auto info = with_retries([&] { return get_sequence(id); });
+      if (!info.ok()) return info.error();
+      if (args.layer < 0 || args.layer >= static_cast<int32_t>(info->layer_lengths.size())) {
+        return invalid_argument(
+            fmt::format("layer: expected [0, {}), received {}", info->layer_lengths.size(), args.layer));
+      }
+      lengths.push_back(info->layer_lengths[static_cast<size_t>(args.layer)]);
+    }
+    return lengths;
+  };
+  DecodeArgs step = args;
+  if (step.expected_lengths.empty()) {
+    auto lengths = lengths_now();
+    if (!lengths.ok()) return lengths.error();
+    step.expected_lengths = std::move(*lengths);
+  }
+  auto r = with_retries([&] { return decode(step); });
+  if (r.ok()) {
+    r->attempts = calls;
+    return r;
+  }
+  if (r.error().code() != ErrorCode::kFailedPrecondition) return r;
+  // Applied by an attempt whose answer was lost? Then every sequence holds
+  // expected + rows tokens, and a Decode without k/v re-reads the step.
+  auto lengths = lengths_now();
+  if (!lengths.ok()) return r.error();
+  DecodeArgs reread = step;
+  reread.k = {};
+  reread.v = {};
+  for (size_t i = 0; i < reread.expected_lengths.size(); ++i) {
+    reread.expected_lengths[i] += reread.q_lengths.empty() ? 1 : reread.q_lengths[i];
+    if ((*lengths)[i] != reread.expected_lengths[i]) return r.error();  // changed by someone else
+  }
+  auto again = with_retries([&] { return decode(reread); });
+  if (again.ok()) {
+    again->attempts = calls;
+    again->replayed = true;
+  }
+  return again;
 }
 
 Result<uint64_t> Client::fork_sequence(uint64_t source_id) {

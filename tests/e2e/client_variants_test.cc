@@ -100,5 +100,62 @@ TEST_F(ClientVariantTest, VariantSizesAreCheckedBeforeSending) {
       << r.error().message();
 }
 
+// A step applied whose answer was lost: decode_step, sent again with the same
+// expected lengths, finds the step applied and re-reads it (the same bits)
+// instead of appending the token twice.
+TEST_F(ClientVariantTest, AStepAppliedButUnansweredIsReReadNotAppendedTwice) {
+  auto client = client::Client::connect("127.0.0.1:" + std::to_string(server_->port()));
+  auto id = client->create_sequence("retry");
+  ASSERT_TRUE(id.ok());
+  const auto k0 = random_kv(30), v0 = random_kv(30);
+  ASSERT_TRUE(client->append_kv(*id, 0, k0, v0).ok());
+  const auto q = random_q(1), k = random_kv(1), v = random_kv(1);
+  client::DecodeArgs args{.layer = 0, .sequence_ids = {*id}, .q = q, .k = k, .v = v, .return_lse = true};
+  args.expected_lengths = {30};
+  auto first = client->decode(args);  // its answer "lost"
+  ASSERT_TRUE(first.ok()) << first.error().to_string();
+  auto step = client->decode_step(args);
+  ASSERT_TRUE(step.ok()) << step.error().to_string();
+  EXPECT_TRUE(step->replayed);
+  EXPECT_EQ(step->output, first->output);
+  EXPECT_EQ(step->lse, first->lse);
+  EXPECT_EQ(client->get_sequence(*id)->layer_lengths[0], 31);
+  // Another sequence's length moved meanwhile: not this step's doing, refused.
+  args.expected_lengths = {29};
+  auto stale = client->decode_step(args);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(stale.error().code(), client::ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(client->get_sequence(*id)->layer_lengths[0], 31);
+}
+
+// Steps under 1 ms deadlines, many timing out: through decode_step each is
+// applied exactly once, and the outputs match the reference.
+TEST_F(ClientVariantTest, TinyDeadlinesThroughTheHelperApplyEachStepOnce) {
+  auto fast = client::Client::connect("127.0.0.1:" + std::to_string(server_->port()),
+                                      {.timeout = std::chrono::milliseconds(1)});
+  auto plain = client::Client::connect("127.0.0.1:" + std::to_string(server_->port()));
+  auto id = plain->create_sequence("tiny");
+  ASSERT_TRUE(id.ok());
+  mirror_->create(*id);
+  const auto k0 = random_kv(8), v0 = random_kv(8);
+  ASSERT_TRUE(plain->append_kv(*id, 0, k0, v0).ok());
+  mirror_->append(*id, 0, k0, v0);
+  int replayed = 0, retried = 0;
+  for (int s = 0; s < 40; ++s) {
+    const auto q = random_q(1), k = random_kv(1), v = random_kv(1);
+    client::DecodeArgs args{.layer = 0, .sequence_ids = {*id}, .q = q, .k = k, .v = v};
+    auto r = fast->decode_step(args, {.attempts = 200, .backoff = std::chrono::milliseconds(1)});
+    ASSERT_TRUE(r.ok()) << "step " << s << ": " << r.error().to_string();
+    mirror_->append(*id, 0, k, v);
+    replayed += r->replayed;
+    retried += r->attempts > 1;
+    const auto want = mirror_->reference(0, {*id}, q, default_scale(g_));
+    expect_close(want.out, r->output, kOutTolerance, "step output");
+    ASSERT_EQ(plain->get_sequence(*id)->layer_lengths[0], 8 + s + 1) << "step " << s << " applied twice or not";
+  }
+  RecordProperty("retried", retried);
+  RecordProperty("replayed", replayed);
+}
+
 }  // namespace
 }  // namespace pagoda::e2e

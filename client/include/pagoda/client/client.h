@@ -56,6 +56,14 @@ class Client {
                             std::span<const float> v, DType dtype = DType::kFloat32,
                             std::optional<int32_t> expected_length = std::nullopt);
   Result<DecodeResult> decode(const DecodeArgs& args);
+  // One decode step that is safe to retry (DESIGN §11): appends args.k/v and
+  // attends, sending expected_lengths (read with GetSequence first when args
+  // has none). A call that timed out or found the server unavailable is sent
+  // again; a FAILED_PRECONDITION whose sequences hold exactly expected + rows
+  // tokens means an earlier attempt was applied, and the step is answered by
+  // re-reading (a Decode without k/v, the same output) instead of appending
+  // twice. INVALID_ARGUMENT when args carries no k/v.
+  Result<DecodeResult> decode_step(const DecodeArgs& args, const RetryOptions& retry = {});
   Result<uint64_t> fork_sequence(uint64_t source_id);
   Outcome free_sequence(uint64_t sequence_id);
   // Cuts every layer longer than `length` to it (rejected draft tokens);

@@ -2,6 +2,7 @@
 // Plain C++ views of the wire messages (pagoda.v1), so that users of the client
 // need no protobuf or gRPC header.
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -79,6 +80,17 @@ struct DecodeResult {
   int32_t split_tokens = 0;
   bool deterministic = false;
   DecodeTiming timing;
+  // Client::decode_step only: calls made, and whether an earlier attempt had
+  // already appended (the result is then a re-read without k/v).
+  int32_t attempts = 1;
+  bool replayed = false;
+};
+
+// How Client::decode_step retries: on DEADLINE_EXCEEDED and UNAVAILABLE, up to
+// `attempts` calls in all, waiting `backoff` (doubled each time) in between.
+struct RetryOptions {
+  int32_t attempts = 4;
+  std::chrono::milliseconds backoff{5};
 };
 
 // GetSequence.

@@ -1,5 +1,7 @@
 #include "app/server.h"
 
+#include "app/idle_sweeper.h"
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -53,6 +55,7 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   s->metrics_ = std::move(*created);
   if (s->metrics_->port() > 0) s->metrics_address_ = with_port(raw.metrics_address, s->metrics_->port());
   s->cache_ = std::make_unique<CacheManager>(s->backend_->geometry());
+  s->cache_->set_max_request_blocks(config.max_request_blocks);
   s->cache_->set_saturation_observer(
       [m = s->metrics_.get()](int32_t layer, int64_t elements) { m->add_kv_saturated(layer, elements); });
   s->metrics_->set_build_info({PAGODA_VERSION, s->backend_->name(), s->backend_->device_name()});
@@ -91,6 +94,11 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   settings.max_batch = raw.max_batch;
   settings.max_batch_wait_us = raw.max_batch_wait_us;
   settings.max_message_bytes = raw.max_message_bytes;
+  settings.max_label_bytes = raw.max_label_bytes;
+  settings.max_request_tokens = raw.max_request_tokens;
+  settings.max_request_blocks = config.max_request_blocks;
+  settings.max_stream_in_flight = raw.max_stream_in_flight;
+  settings.idle_ttl = raw.idle_ttl;
   s->service_ = std::make_unique<DecodeAttentionService>(settings, *s->backend_, *s->cache_, *s->engine_,
                                                          *s->metrics_, *s->cache_gauges_);
 
@@ -123,10 +131,15 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
         return CheckCounts{c.checked, c.mismatches, c.skipped};
       },
       std::chrono::duration<double>(raw.log_summary_interval));
+  if (raw.idle_ttl > 0) {
+    s->sweeper_ = std::make_unique<IdleSweeper>(*s->cache_, *s->cache_gauges_, *s->metrics_,
+                                                std::chrono::duration<double>(raw.idle_ttl));
+  }
   return s;
 }
 
 PagodaServer::~PagodaServer() {
+  if (sweeper_) sweeper_->stop();
   if (server_ && !stopped_) shutdown(0);
   if (summary_) summary_->stop();
   if (engine_) engine_->stop();
@@ -178,6 +191,7 @@ void PagodaServer::shutdown(double drain_seconds) {
   server_->Shutdown(std::chrono::system_clock::now() +
                     std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
   server_->Wait();
+  if (sweeper_) sweeper_->stop();
   engine_->stop();
   summary_->stop();
   // Checks still queued are dropped: a drain does not wait for re-computations.

@@ -24,6 +24,7 @@ class Engine;
 class DecodeAttentionService;
 class Metrics;
 class SummaryLogger;
+class IdleSweeper;
 
 class PagodaServer {
  public:
@@ -68,6 +69,7 @@ class PagodaServer {
   std::unique_ptr<DecodeAttentionService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<SummaryLogger> summary_;
+  std::unique_ptr<IdleSweeper> sweeper_;  // with --idle-ttl
   int port_ = 0;
   std::string address_;
   std::string metrics_address_;

@@ -59,6 +59,16 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
                            c.max_message_bytes);
   }
   if (c.threads < 0) return InvalidArgument("--threads: expected >= 0 (0 = all cores), received {}", c.threads);
+  PAGODA_RETURN_IF_ERROR(check_positive("--max-label-bytes", c.max_label_bytes));
+  PAGODA_RETURN_IF_ERROR(check_positive("--max-request-tokens", c.max_request_tokens));
+  PAGODA_RETURN_IF_ERROR(check_positive("--max-stream-in-flight", c.max_stream_in_flight));
+  if (c.max_request_blocks < 0) {
+    return InvalidArgument("--max-request-blocks: expected >= 0 (0 = an eighth of the cache), received {}",
+                           c.max_request_blocks);
+  }
+  if (!(c.idle_ttl >= 0) || !std::isfinite(c.idle_ttl)) {
+    return InvalidArgument("--idle-ttl: expected >= 0 seconds (0 = off), received {}", c.idle_ttl);
+  }
   if (!(c.drain_timeout >= 0) || !std::isfinite(c.drain_timeout)) {
     return InvalidArgument("--drain-timeout: expected a finite number of seconds >= 0, received {}",
                            c.drain_timeout);
@@ -102,6 +112,7 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
     return InvalidArgument("--num-blocks: expected at most {}, received {}", INT32_MAX, blocks);
   }
   g.num_blocks = static_cast<int32_t>(blocks);
+  e.max_request_blocks = c.max_request_blocks > 0 ? c.max_request_blocks : std::max<int64_t>(1, blocks / 8);
   return e;
 }
 
@@ -111,11 +122,13 @@ std::string describe(const EffectiveConfig& e) {
   return fmt::format(
       "layers={} q_heads={} kv_heads={} head_dim={} block_size={} num_blocks={} cache_bytes={} "
       "cache_dtype={} kv_scales={} split_tokens={} mode={} max_batch={} max_batch_wait_us={} max_message_bytes={} "
+      "max_label_bytes={} max_request_tokens={} max_request_blocks={} max_stream_in_flight={} idle_ttl={}s "
       "threads={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={} "
       "log_summary_interval={}s",
       g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim, g.block_size, g.num_blocks,
       block_bytes(g) * g.num_blocks, dtype_name(g.dtype), c.kv_scales, c.split_tokens, c.mode, c.max_batch,
-      c.max_batch_wait_us, c.max_message_bytes, c.threads, c.backend, c.drain_timeout, c.metrics_address,
+      c.max_batch_wait_us, c.max_message_bytes, c.max_label_bytes, c.max_request_tokens, e.max_request_blocks,
+      c.max_stream_in_flight, c.idle_ttl, c.threads, c.backend, c.drain_timeout, c.metrics_address,
       c.determinism_sample_rate, c.log_summary_interval);
 }
 

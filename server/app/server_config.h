@@ -30,6 +30,11 @@ struct ServerConfig {
   int32_t max_batch = 256;                         // sequences per launch
   int64_t max_batch_wait_us = 50;                  // 0: never wait for more work
   int64_t max_message_bytes = int64_t{64} << 20;   // gRPC receive and send limit
+  int32_t max_label_bytes = 256;                   // CreateSequence's label
+  int32_t max_request_tokens = 65536;              // tokens one AppendKV or Decode appends
+  int64_t max_request_blocks = 0;                  // new blocks one request takes; 0: an eighth of the cache
+  int32_t max_stream_in_flight = 64;               // DecodeStream requests read and not yet answered
+  double idle_ttl = 0;                             // seconds a sequence may go unused; 0: forever
   int32_t threads = 0;                             // CPU backend threads; 0 = all cores
   std::string backend = "auto";                    // auto, cpu, cuda
   double drain_timeout = 30;                       // seconds
@@ -44,6 +49,7 @@ struct EffectiveConfig {
   ServerConfig raw;
   CacheGeometry geometry;   // num_blocks resolved from cache_bytes when not given
   std::vector<KvScale> kv_scales;  // [num_layers]
+  int64_t max_request_blocks = 0;  // resolved: > 0
   SplitMode mode = SplitMode::kDeterministic;
 };
 

@@ -42,6 +42,13 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
   add(app, "--max-batch-wait-us", c.max_batch_wait_us,
       "Longest a Decode waits, in microseconds, for calls already arriving to join its batch (0: never wait)");
   add(app, "--max-message-bytes", c.max_message_bytes, "Largest gRPC message received or sent, bytes");
+  add(app, "--max-label-bytes", c.max_label_bytes, "Longest CreateSequence label, bytes");
+  add(app, "--max-request-tokens", c.max_request_tokens, "Most tokens one AppendKV or Decode appends");
+  add(app, "--max-request-blocks", c.max_request_blocks,
+      "Most new cache blocks one request may take (0: an eighth of the cache)");
+  add(app, "--max-stream-in-flight", c.max_stream_in_flight,
+      "DecodeStream requests read and not yet answered, per stream (the next read waits)");
+  add(app, "--idle-ttl", c.idle_ttl, "Seconds a sequence may go unused before it is freed (0: never)");
   add(app, "--threads", c.threads, "CPU backend threads (0: all cores)");
   add(app, "--backend", c.backend, "auto (CUDA when a device answers, else CPU), cpu or cuda");
   add(app, "--drain-timeout", c.drain_timeout, "Seconds in-flight calls get to finish after SIGTERM/SIGINT");

@@ -29,15 +29,19 @@ SequenceId CacheManager::create(std::string label) {
   std::lock_guard lock(mu_);
   const SequenceId id = next_id_++;
   const auto layers = static_cast<size_t>(geometry_.num_layers);
-  sequences_.emplace(id, Sequence{std::move(label), {}, std::vector<int32_t>(layers, 0),
-                                  std::vector<int32_t>(layers, -1), -1});
+  Sequence s;
+  s.label = std::move(label);
+  s.lengths.assign(layers, 0);
+  s.pending.assign(layers, -1);
+  sequences_.emplace(id, std::move(s));
   return id;
 }
 
 StatusOr<SequenceId> CacheManager::fork(SequenceId source) {
   std::lock_guard lock(mu_);
-  const Sequence* s = find(source);
+  Sequence* s = find(source);
   if (s == nullptr) return NotFound("source_id: no sequence {}", source);
+  s->last_used = std::chrono::steady_clock::now();
   // The fork shares the committed state: an append in flight on the source is
   // the source's alone (its table may already hold the block it writes into:
   // sharing it is harmless, the fork never reads past its own lengths).
@@ -70,6 +74,7 @@ StatusOr<std::vector<int32_t>> CacheManager::truncate(SequenceId id, int32_t len
   std::lock_guard lock(mu_);
   Sequence* s = find(id);
   if (s == nullptr) return NotFound("sequence_id: no sequence {}", id);
+  s->last_used = std::chrono::steady_clock::now();
   int32_t longest = 0;
   for (int32_t& len : s->lengths) {
     len = std::min(len, length);
@@ -88,11 +93,29 @@ StatusOr<std::vector<int32_t>> CacheManager::truncate(SequenceId id, int32_t len
   return s->lengths;
 }
 
-StatusOr<SequenceInfo> CacheManager::info(SequenceId id) const {
+StatusOr<SequenceInfo> CacheManager::info(SequenceId id) {
   std::lock_guard lock(mu_);
   auto it = sequences_.find(id);
   if (it == sequences_.end()) return NotFound("sequence_id: no sequence {}", id);
+  it->second.last_used = std::chrono::steady_clock::now();
   return SequenceInfo{it->second.label, it->second.lengths, static_cast<int32_t>(it->second.blocks.size())};
+}
+
+std::vector<CacheManager::Evicted> CacheManager::evict_idle(std::chrono::steady_clock::duration ttl) {
+  std::vector<Evicted> evicted;
+  std::lock_guard lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = sequences_.begin(); it != sequences_.end();) {
+    const auto idle = now - it->second.last_used;
+    if (idle <= ttl) {
+      ++it;
+      continue;
+    }
+    evicted.push_back({it->first, it->second.label, std::chrono::duration<double>(idle).count()});
+    for (int32_t b : it->second.blocks) unshare(b);
+    it = sequences_.erase(it);
+  }
+  return evicted;
 }
 
 int32_t CacheManager::allocate_block() {

@@ -28,6 +28,7 @@
 // call concurrently.
 
 #include <condition_variable>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -92,10 +93,23 @@ class CacheManager {
     saturation_observer_ = std::move(observer);
   }
 
+  // Most new blocks one request may take (0: no limit beyond the free list);
+  // set once before serving. A request past it is RESOURCE_EXHAUSTED naming it.
+  void set_max_request_blocks(int64_t blocks) { max_request_blocks_ = blocks; }
+
+  // Frees every sequence no call has named for longer than `ttl`, as
+  // FreeSequence would (blocks a reservation pins stay until it releases).
+  struct Evicted {
+    SequenceId id;
+    std::string label;
+    double idle_seconds;
+  };
+  std::vector<Evicted> evict_idle(std::chrono::steady_clock::duration ttl);
+
   SequenceId create(std::string label);
   StatusOr<SequenceId> fork(SequenceId source);
   Status free(SequenceId id);
-  StatusOr<SequenceInfo> info(SequenceId id) const;
+  StatusOr<SequenceInfo> info(SequenceId id);  // counts as a use (--idle-ttl)
   // Cuts every layer longer than `length` to it; whole blocks past every
   // layer's length go back (or stay with a fork that shares them). Waits for
   // appends in flight. Returns the layers' lengths after the cut.
@@ -143,6 +157,7 @@ class CacheManager {
     std::vector<int32_t> lengths;  // [num_layers] committed
     std::vector<int32_t> pending;  // [num_layers] length after the append in flight, -1: none
     int32_t copy_if_pinned = -1;   // table index truncated into while pinned (see the top of this file)
+    std::chrono::steady_clock::time_point last_used = std::chrono::steady_clock::now();  // for --idle-ttl
 
     int32_t reserved_length(int32_t layer) const {
       return pending[layer] >= 0 ? pending[layer] : lengths[layer];
@@ -167,6 +182,7 @@ class CacheManager {
 
   const CacheGeometry geometry_;
   std::function<void(int32_t, int64_t)> saturation_observer_;
+  int64_t max_request_blocks_ = 0;
   mutable std::mutex mu_;
   std::condition_variable filled_;  // a Fill left kFilling
   std::unordered_map<SequenceId, Sequence> sequences_;

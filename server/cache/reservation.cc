@@ -138,9 +138,11 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
 
   std::lock_guard lock(mu_);
   seqs_.clear();
+  const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < request.ids.size(); ++i) {
     Sequence* s = find(request.ids[i]);
     if (s == nullptr) return NotFound("sequence_ids[{}]: no sequence {}", i, request.ids[i]);
+    s->last_used = now;
     seqs_.push_back(s);
   }
   for (size_t i = 0; i < request.expected_lengths.size(); ++i) {
@@ -165,6 +167,10 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
   }
   StatusOr<int64_t> needed = blocks_needed(r, seqs_, request);
   PAGODA_RETURN_IF_ERROR(needed.status());
+  if (max_request_blocks_ > 0 && *needed > max_request_blocks_) {
+    return ResourceExhausted("request: expected at most {} new blocks per request (--max-request-blocks), needs {}",
+                             max_request_blocks_, *needed);
+  }
   if (*needed > static_cast<int64_t>(free_list_.size())) {
     return ResourceExhausted("cache: expected at most {} free blocks to be needed, request needs {}",
                              free_list_.size(), *needed);

@@ -131,6 +131,11 @@ Metrics::Metrics(const MetricsOptions& options)
                                     .Register(r)
                                     .Add({});
 
+  sequences_evicted_ = &BuildCounter()
+                            .Name("pagoda_sequences_evicted_total")
+                            .Help("Sequences freed by --idle-ttl after going unused that long")
+                            .Register(r)
+                            .Add({});
   auto& saturated = BuildCounter()
                         .Name("pagoda_kv_saturated_total")
                         .Help("K/V elements an fp8 cache clamped to its largest finite value on append, by layer")
@@ -252,6 +257,8 @@ void Metrics::add_kv_read(double bytes, double compute_seconds) {
 }
 
 std::string Metrics::exposition() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }
+
+void Metrics::add_sequences_evicted(int64_t n) { sequences_evicted_->Increment(static_cast<double>(n)); }
 
 void Metrics::add_kv_saturated(int32_t layer, int64_t elements) {
   if (layer >= 0 && layer < static_cast<int32_t>(kv_saturated_.size())) {

@@ -86,6 +86,8 @@ class Metrics {
   // ratio is the achieved bandwidth).
   void add_kv_read(double bytes, double compute_seconds);
   void set_cache(int64_t used_blocks, int64_t free_blocks, int64_t sequences);
+  // Sequences --idle-ttl freed.
+  void add_sequences_evicted(int64_t n);
   // K/V elements of `layer` an fp8 cache clamped to its largest finite value.
   void add_kv_saturated(int32_t layer, int64_t elements);
   // One determinism re-check of a sequence: whether its bytes differed, and the
@@ -123,6 +125,7 @@ class Metrics {
   prometheus::Counter* kv_read_bytes_ = nullptr;
   prometheus::Counter* attention_compute_seconds_ = nullptr;
   std::vector<prometheus::Counter*> kv_saturated_;  // [kv_saturation_layers]
+  prometheus::Counter* sequences_evicted_ = nullptr;
   prometheus::Gauge* kv_blocks_used_ = nullptr;
   prometheus::Gauge* kv_blocks_free_ = nullptr;
   prometheus::Gauge* kv_usage_ratio_ = nullptr;

@@ -2,7 +2,7 @@
 // are validated as they are read and handed to the engine; responses go out in
 // request order (one write at a time, as gRPC requires), each with its
 // request_id. A failed request is answered with DecodeResponse.error and the
-// stream carries on. At most kMaxPending requests are in flight per stream: the
+// stream carries on. At most --max-stream-in-flight requests are in flight per stream: the
 // next read waits for a write, so a fast sender cannot grow the server's memory.
 //
 // The stream carries raw bytes and parses each message itself: gRPC's typed
@@ -89,6 +89,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
       const ServiceSettings& settings = service_.settings();
       status = decode_request(slot->request, settings.geometry, settings.max_batch, slot->work);
       engine.note_arrived();
+      if (status.ok() && slot->work.k != nullptr) status = check_request_tokens("k", slot->work.rows, settings);
       if (status.ok()) prepare_response(slot->request, settings.geometry, slot->work, slot->response);
     }
     Slot* raw = slot.get();
@@ -100,7 +101,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
       if (finished_) return;
       pending_.push_back(std::move(slot));
       if (!status.ok()) fail_slot_locked(*raw, status);
-      if (!reads_done_ && pending_.size() < kMaxPending) act.read = true;
+      if (!reads_done_ && pending_.size() < max_pending()) act.read = true;
       plan_locked(act);
     }
     if (status.ok()) {
@@ -118,7 +119,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
       writing_ = false;
       pending_.pop_front();
       if (!ok) write_failed_ = true;  // the client is gone: finish once the engine is done
-      if (!reads_done_ && !read_outstanding_ && pending_.size() < kMaxPending) act.read = true;
+      if (!reads_done_ && !read_outstanding_ && pending_.size() < max_pending()) act.read = true;
       plan_locked(act);
     }
     run(act);
@@ -135,7 +136,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
   }
 
  private:
-  static constexpr size_t kMaxPending = 64;
+  size_t max_pending() const { return static_cast<size_t>(service_.settings().max_stream_in_flight); }
 
   struct Slot final : public WorkDone {
     DecodeStreamCall* call = nullptr;

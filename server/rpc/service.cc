@@ -19,6 +19,16 @@ std::string describe(const v1::DecodeRequest& r) {
   return fmt::format("request_id={} layer={}", r.request_id(), r.layer());
 }
 
+}  // namespace
+
+Status check_request_tokens(const char* field, int64_t tokens, const ServiceSettings& settings) {
+  if (tokens <= settings.max_request_tokens) return Status::Ok();
+  return InvalidArgument("{}: expected at most {} tokens per request (--max-request-tokens), received {}", field,
+                         settings.max_request_tokens, tokens);
+}
+
+namespace {
+
 // The half every engine-computed unary call shares: the call is counted from
 // construction to OnDone, a cancellation reaches the queued work item, and the
 // finish is observed once (with `what` naming the request when it failed).
@@ -79,7 +89,8 @@ class AppendCall final : public EngineCall<AppendWork> {
   AppendCall(DecodeAttentionService& service, const grpc::CallbackServerContext& ctx,
              const v1::AppendKVRequest& request, v1::AppendKVResponse& response)
       : EngineCall(service), request_(request), response_(response) {
-    const Status status = decode_request(request, service.settings().geometry, work_);
+    Status status = decode_request(request, service.settings().geometry, work_);
+    if (status.ok()) status = check_request_tokens("k", work_.num_tokens, service.settings());
     if (!status.ok()) {
       work_done(status);
       return;
@@ -178,6 +189,11 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServer
     r->add_k_scales(backend_.kv_scale(l).k);
     r->add_v_scales(backend_.kv_scale(l).v);
   }
+  r->set_max_label_bytes(settings_.max_label_bytes);
+  r->set_max_request_tokens(settings_.max_request_tokens);
+  r->set_max_request_blocks(settings_.max_request_blocks);
+  r->set_max_stream_in_flight(settings_.max_stream_in_flight);
+  r->set_idle_ttl_seconds(settings_.idle_ttl);
   return finish_unary(ctx, RpcMethod::kGetConfig, t0, Status::Ok());
 }
 
@@ -186,6 +202,11 @@ grpc::ServerUnaryReactor* DecodeAttentionService::CreateSequence(grpc::CallbackS
                                                                  v1::CreateSequenceResponse* response) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kCreateSequence, t0, draining_status());
+  if (static_cast<int64_t>(request->label().size()) > settings_.max_label_bytes) {
+    return finish_unary(ctx, RpcMethod::kCreateSequence, t0,
+                        InvalidArgument("label: expected at most {} bytes (--max-label-bytes), received {}",
+                                        settings_.max_label_bytes, request->label().size()));
+  }
   const SequenceId id = cache_.create(request->label());
   response->set_sequence_id(id);
   cache_gauges_.publish();
@@ -212,8 +233,9 @@ grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerCon
   }
   InlineDecode call;
   engine_.note_arriving();
-  const Status status = decode_request(*request, settings_.geometry, settings_.max_batch, call.work);
+  Status status = decode_request(*request, settings_.geometry, settings_.max_batch, call.work);
   engine_.note_arrived();
+  if (status.ok() && call.work.k != nullptr) status = check_request_tokens("k", call.work.rows, settings_);
   if (!status.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, status, describe(*request));
   prepare_response(*request, settings_.geometry, call.work, *response);
   call.work.deadline = ctx->deadline();

@@ -28,9 +28,18 @@ struct ServiceSettings {
   int32_t max_batch = 256;
   int64_t max_batch_wait_us = 50;
   int64_t max_message_bytes = int64_t{64} << 20;
+  int32_t max_label_bytes = 256;
+  int32_t max_request_tokens = 65536;
+  int64_t max_request_blocks = 0;  // enforced by the cache manager; reported here
+  int32_t max_stream_in_flight = 64;
+  double idle_ttl = 0;             // enforced by the idle sweeper; reported here
 };
 
 class DecodeStreamCall;
+
+// INVALID_ARGUMENT naming `field` when a request appends more than
+// --max-request-tokens tokens.
+Status check_request_tokens(const char* field, int64_t tokens, const ServiceSettings& settings);
 
 // Every method typed on the callback API but DecodeStream, which reads and
 // writes raw bytes and parses each message itself (decode_stream.cc says why).

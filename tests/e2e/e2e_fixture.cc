@@ -22,6 +22,7 @@ ServerConfig small_config() {
   c.head_dim = 64;
   c.block_size = 4;
   c.num_blocks = 512;
+  c.max_request_blocks = INT32_MAX;  // tests fill small caches in one request on purpose
   c.cache_dtype = "fp32";
   c.split_tokens = 16;
   c.max_batch_wait_us = 0;

@@ -14,6 +14,8 @@
 
 #include "cache/cache_manager.h"
 #include "e2e_fixture.h"
+#include "metrics/scrape.h"
+#include "observability/metrics.h"
 
 namespace pagoda::e2e {
 namespace {
@@ -191,6 +193,88 @@ TEST_F(ReliabilityTest, ADrainUnderLoadAnswersOkOrUnavailableNeverCancelled) {
     ASSERT_TRUE(info.ok());
     EXPECT_EQ(info->layer_lengths[0], 16 + ok_appends[static_cast<size_t>(c)]) << "client " << c;
   }
+}
+
+class LimitsTest : public ServerTest {
+ protected:
+  ServerConfig config() const override {
+    ServerConfig c = small_config();  // blocks of 4 tokens
+    c.max_label_bytes = 16;
+    c.max_request_tokens = 8;
+    c.max_request_blocks = 1;
+    c.max_stream_in_flight = 3;
+    c.idle_ttl = 0.3;
+    return c;
+  }
+  grpc::Status append(uint64_t id, int32_t tokens) {
+    return session_.append(id, 0, random_kv(static_cast<size_t>(tokens)), random_kv(static_cast<size_t>(tokens)));
+  }
+  double evicted() {
+    std::vector<std::string> errors;
+    return testing::parse_exposition(server_->metrics().exposition(), &errors)
+        .value("pagoda_sequences_evicted_total")
+        .value_or(-1);
+  }
+};
+
+TEST_F(LimitsTest, GetConfigReportsTheLimits) {
+  v1::GetConfigResponse c;
+  ASSERT_TRUE(session_.config(c).ok());
+  EXPECT_EQ(c.max_label_bytes(), 16);
+  EXPECT_EQ(c.max_request_tokens(), 8);
+  EXPECT_EQ(c.max_request_blocks(), 1);
+  EXPECT_EQ(c.max_stream_in_flight(), 3);
+  EXPECT_DOUBLE_EQ(c.idle_ttl_seconds(), 0.3);
+}
+
+TEST_F(LimitsTest, LabelsTokensAndBlocksPastTheirLimitsAreRefusedAndChangeNothing) {
+  uint64_t id = 0;
+  EXPECT_TRUE(session_.create(id, std::string(16, 'x')).ok());
+  uint64_t refused = 0;
+  const grpc::Status label = session_.create(refused, std::string(17, 'x'));
+  EXPECT_EQ(label.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(label.error_message(), "label: expected at most 16 bytes (--max-label-bytes), received 17");
+  EXPECT_EQ(server_->cache().num_sequences(), 1u);
+
+  const grpc::Status tokens = append(id, 9);
+  EXPECT_EQ(tokens.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(tokens.error_message(), "k: expected at most 8 tokens per request (--max-request-tokens), received 9");
+  const grpc::Status blocks = append(id, 8);  // two blocks of 4
+  EXPECT_EQ(blocks.error_code(), grpc::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(blocks.error_message(),
+            "request: expected at most 1 new blocks per request (--max-request-blocks), needs 2");
+  ASSERT_TRUE(append(id, 4).ok());
+  // A Decode appending one token per query row: 9 rows are 9 tokens.
+  v1::DecodeRequest r = session_.decode_request(0, {id}, random_q(9), random_kv(9), random_kv(9));
+  r.add_q_lengths(9);
+  v1::DecodeResponse resp;
+  grpc::ClientContext ctx;
+  const grpc::Status decode = stub_->Decode(&ctx, r, &resp);
+  EXPECT_EQ(decode.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(decode.error_message(), "k: expected at most 8 tokens per request (--max-request-tokens), received 9");
+  v1::GetSequenceResponse info;
+  ASSERT_TRUE(session_.get(id, info).ok());
+  EXPECT_EQ(info.layer_lengths(0), 4);
+}
+
+TEST_F(LimitsTest, IdleSequencesAreFreedAndCountedUsedOnesStay) {
+  uint64_t idle = 0, used = 0;
+  ASSERT_TRUE(session_.create(idle, "idle").ok());
+  ASSERT_TRUE(session_.create(used, "used").ok());
+  ASSERT_TRUE(append(idle, 4).ok());
+  EXPECT_EQ(evicted(), 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(700);
+  v1::GetSequenceResponse info;
+  while (std::chrono::steady_clock::now() < until) {
+    ASSERT_TRUE(session_.get(used, info).ok());  // a use every 50 ms
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(session_.get(idle, info).error_code(), grpc::NOT_FOUND);
+  EXPECT_TRUE(session_.get(used, info).ok());
+  EXPECT_EQ(evicted(), 1);
+  v1::GetConfigResponse c;
+  ASSERT_TRUE(session_.config(c).ok());
+  EXPECT_EQ(c.free_blocks(), c.total_blocks()) << "the idle sequence's block was not returned";
 }
 
 }  // namespace

@@ -201,8 +201,10 @@ TEST_F(LifecycleTest, DeadlinesPassedInTheQueueFailAndAppendNothing) {
   *append.mutable_v() = f32_tensor(random_kv(2), {2, g_.num_kv_heads, g_.head_dim});
   v1::AppendKVResponse append_resp;
   EXPECT_EQ(stub_->AppendKV(&append_ctx, append, &append_resp).error_code(), grpc::DEADLINE_EXCEEDED);
-  // No pause for the server to learn of the cancellation: the deadline itself
-  // is checked when the engine reaches the item.
+  // The deadline itself is checked when the engine reaches each item. The
+  // server's deadline (arrival + the grpc-timeout the call carried) ends a
+  // little after the client's: wait that little past it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   server_->engine().resume();
   wait_for([&] { return server_->engine().queued() == 0; });
   v1::GetSequenceResponse info;

@@ -17,13 +17,13 @@
 
 #include <fmt/format.h>
 #include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/proto_buffer_reader.h>
 #include <spdlog/spdlog.h>
 
 #include "rpc/decode_response.h"
 #include "rpc/grpc_status.h"
 #include "rpc/request_decoding.h"
 #include "rpc/service.h"
+#include "rpc/stream_framing.h"
 
 namespace pagoda {
 
@@ -70,20 +70,15 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
       if (finished_) return;
       refuse = draining_;
     }
-    const size_t bytes = slot->raw.Length();
-    if (!parse(slot->raw, slot->request)) {
-      end_reads_with(InvalidArgument("DecodeStream message {}: cannot parse its {} bytes as pagoda.v1.DecodeRequest; "
-                                     "every earlier request was answered",
-                                     index, bytes));
+    const Status framed =
+        read_stream_message(index, slot->raw, service_.settings().max_message_bytes, slot->request);
+    if (framed.code() == StatusCode::kInvalidArgument) {
+      end_reads_with(framed);
       return;
     }
     slot->raw.Clear();
     Engine& engine = service_.engine();
-    Status status = refuse ? draining_status() : Status::Ok();
-    const int64_t limit = service_.settings().max_message_bytes;
-    if (status.ok() && static_cast<int64_t>(bytes) > limit) {
-      status = ResourceExhausted("request: expected at most {} bytes (--max-message-bytes), received {}", limit, bytes);
-    }
+    Status status = refuse ? draining_status() : framed;
     if (status.ok()) {
       engine.note_arriving();
       const ServiceSettings& settings = service_.settings();
@@ -161,11 +156,6 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
     reading_ = std::make_unique<Slot>();
     reading_->call = this;
     StartRead(&reading_->raw);
-  }
-
-  static bool parse(grpc::ByteBuffer& raw, v1::DecodeRequest& request) {
-    grpc::ProtoBufferReader reader(&raw);
-    return request.ParseFromZeroCopyStream(&reader);
   }
 
   // A message that did not parse: no more reads; what was read is answered,

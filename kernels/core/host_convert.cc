@@ -5,22 +5,51 @@
 
 #include "pagoda/fp8.h"
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 namespace pagoda {
 
+// fp16 by integer rounding, as IEEE 754 binary16 with round-to-nearest-even
+// (the x86 F16C conversion's bits, NaN payloads included): no compiler
+// _Float16, which not every compiler supports on every target.
 float fp16_to_float(uint16_t bits) {
-  _Float16 h;
-  std::memcpy(&h, &bits, sizeof h);
-  return static_cast<float>(h);
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1Fu;
+  const uint32_t mantissa = bits & 0x3FFu;
+  uint32_t u;
+  if (exponent == 0x1F) {
+    // Infinity, or NaN with its payload, quieted as the hardware conversion does.
+    u = sign | 0x7F800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0u);
+  } else if (exponent == 0) {
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;  // zero or subnormal, exact
+    std::memcpy(&u, &magnitude, sizeof u);
+    u |= sign;
+  } else {
+    u = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 }
 
 uint16_t float_to_fp16(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
-  uint16_t bits;
-  std::memcpy(&bits, &h, sizeof bits);
-  return bits;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));  // quiet NaN
+  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: rounds to infinity
+  if (a < 0x38800000u) {  // below 2^-14: a subnormal (or zero), in units of 2^-24
+    float magnitude;
+    std::memcpy(&magnitude, &a, sizeof magnitude);
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(magnitude * 0x1p24f)));
+  }
+  uint32_t h = ((((a >> 23) - 112) << 10) | ((a >> 13) & 0x3FFu));
+  const uint32_t rest = a & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // to nearest, ties to even (may carry into the exponent)
+  return static_cast<uint16_t>(sign | h);
 }
 
 float bf16_to_float(uint16_t bits) {

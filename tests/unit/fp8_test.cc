@@ -160,7 +160,10 @@ TEST_P(Fp8KernelReads, EveryCodeReadsAsItsValue) {
   g.block_size = 16;
   g.dtype = t;
   g.num_blocks = 8;
-  CacheFixture f({g, 1, 3});
+  FixtureOptions o;
+  o.geometry = g;
+  o.seed = 3;
+  CacheFixture f(o);
   int checked = 0;
   for (int first = 0; first < 256; first += 64) {
     std::vector<float> k_row(64), v_row(64);
@@ -213,7 +216,10 @@ TEST(Fp8Scales, DecodeWithScalesMatchesTheReferenceOnTheDequantisedCache) {
     g.block_size = 16;
     g.dtype = t;
     g.num_blocks = 256;
-    FixtureOptions o{g, 2, 11};
+    FixtureOptions o;
+    o.geometry = g;
+    o.threads = 2;
+    o.seed = 11;
     o.kv_scales = {KvScale{0.01f, 0.02f}, KvScale{4.f, 0.5f}};
     CacheFixture f(o);
     for (int32_t layer : {0, 1}) {

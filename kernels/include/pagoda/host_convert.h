@@ -1,7 +1,7 @@
 #pragma once
 // Host conversions between fp32 and the 16-bit and 8-bit cache/tensor types,
-// rounding to nearest even (fp16 through the compiler's _Float16, bf16 by
-// integer rounding, fp8 as pagoda/fp8.h: saturating); NaN stays NaN.
+// rounding to nearest even (fp16 and bf16 by integer rounding, fp8 as
+// pagoda/fp8.h: saturating); NaN stays NaN.
 
 #include <cstdint>
 

@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 # Extra server flags for `make run`, e.g. ARGS="--layers 4 --cache-dtype bf16"
 ARGS ?=
 
-.PHONY: all deps check-deps configure build run test unit-test check-deploy bench demo clean
+.PHONY: all deps check-deps fuzz-deps configure build run test unit-test check-deploy bench demo sanitize fuzz tsan clean
 
 all: build
 
@@ -19,6 +19,10 @@ deps:
 # promtool and a Prometheus server, yamllint, shellcheck: the deployment checks' tools.
 check-deps:
 	@bash scripts/install-deps.sh checks
+
+# clang and its libFuzzer runtime: the sanitizer and fuzz builds' compiler.
+fuzz-deps:
+	@bash scripts/install-deps.sh fuzz
 
 configure: deps
 	@cmake -G Ninja -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS) > $(BUILD).configure.log 2>&1 \
@@ -52,5 +56,37 @@ bench: build
 demo: build
 	$(BUILD)/tools/pagoda-demo
 
+# The suite's unit, client and e2e labels and the fuzz smoke under
+# AddressSanitizer + UndefinedBehaviorSanitizer: one clang build without CUDA,
+# which also builds the libFuzzer targets (`make fuzz` runs them).
+SAN_BUILD ?= build-san
+SAN_FLAGS = -DPAGODA_CUDA=OFF -DPAGODA_SANITIZE=address,undefined -DPAGODA_FUZZ=ON
+sanitize: deps fuzz-deps
+	@CC=clang CXX=clang++ cmake -G Ninja -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(SAN_FLAGS) \
+	  > $(SAN_BUILD).configure.log 2>&1 || { cat $(SAN_BUILD).configure.log; exit 1; }
+	@cmake --build $(SAN_BUILD) -j $(JOBS)
+	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(JOBS) -L 'unit|client|e2e|fuzz' -LE soak
+
+# Coverage-guided fuzzing under ASan + UBSan: FUZZ_RUNS executions in all,
+# split between the targets, each starting from a copy of its seed corpus
+# (fuzz/corpus/). A crash stops the run and leaves its input in $(SAN_BUILD)/fuzz-out.
+FUZZ_RUNS ?= 10000000
+fuzz: deps fuzz-deps
+	@CC=clang CXX=clang++ cmake -G Ninja -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(SAN_FLAGS) \
+	  > $(SAN_BUILD).configure.log 2>&1 || { cat $(SAN_BUILD).configure.log; exit 1; }
+	@cmake --build $(SAN_BUILD) -j $(JOBS) --target request_fuzzer stream_fuzzer
+	@bash scripts/run-fuzzers.sh $(SAN_BUILD) $(FUZZ_RUNS)
+
+# ThreadSanitizer on what crosses no uninstrumented library: the engine and
+# the cache manager under many threads, over a fake backend, without gRPC.
+TSAN_BUILD ?= build-tsan
+tsan: deps
+	@cmake -G Ninja -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPAGODA_CUDA=OFF \
+	  -DPAGODA_SANITIZE=thread > $(TSAN_BUILD).configure.log 2>&1 || { cat $(TSAN_BUILD).configure.log; exit 1; }
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target pagoda_concurrency_tests
+	@TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/tests/pagoda_concurrency_tests
+
 clean:
-	rm -rf $(BUILD) $(BUILD).configure.log
+	rm -rf $(BUILD) $(BUILD).configure.log $(SAN_BUILD) $(SAN_BUILD).configure.log $(TSAN_BUILD) \
+	  $(TSAN_BUILD).configure.log

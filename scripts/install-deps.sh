@@ -6,6 +6,7 @@
 #   build  (default) compilers, libraries and tools to build, test and run
 #   checks the deployment checks' tools: promtool and a Prometheus server,
 #          yamllint, shellcheck
+#   fuzz   clang and its libFuzzer runtime (make sanitize, make fuzz)
 set -euo pipefail
 
 build_packages=(
@@ -17,13 +18,15 @@ build_packages=(
   python3-grpcio python3-protobuf python3-numpy
 )
 check_packages=(prometheus yamllint shellcheck curl)
+fuzz_packages=(clang libclang-rt-14-dev)
 
 packages=()
 for group in "${@:-build}"; do
   case "$group" in
     build) packages+=("${build_packages[@]}") ;;
     checks) packages+=("${check_packages[@]}") ;;
-    *) echo "install-deps: expected a group among build, checks; received '$group'" >&2; exit 2 ;;
+    fuzz) packages+=("${fuzz_packages[@]}") ;;
+    *) echo "install-deps: expected a group among build, checks, fuzz; received '$group'" >&2; exit 2 ;;
   esac
 done
 

@@ -108,7 +108,7 @@ class LinePrefetch {
   // Up to `lines` more requests, never past the limit. Inlined into the
   // compute loops: a compare and the prefetches, unless a run ends there.
   HWY_INLINE void step(int64_t lines) {
-    if (HWY_LIKELY(issued_ + lines <= limit_ && next_ + lines * 64 <= end_)) {
+    if (HWY_LIKELY(issued_ + lines <= limit_ && lines * 64 <= end_ - next_)) {
       for (int64_t i = 0; i < lines; ++i) hwy::Prefetch(next_ + i * 64);
       next_ += lines * 64;
       issued_ += lines;
@@ -119,7 +119,7 @@ class LinePrefetch {
   // The same with a count known at compile time (the score loop's): unrolled.
   template <int64_t kLines>
   HWY_INLINE void step() {
-    if (HWY_LIKELY(issued_ + kLines <= limit_ && next_ + kLines * 64 <= end_)) {
+    if (HWY_LIKELY(issued_ + kLines <= limit_ && kLines * 64 <= end_ - next_)) {
       for (int64_t i = 0; i < kLines; ++i) hwy::Prefetch(next_ + i * 64);
       next_ += kLines * 64;
       issued_ += kLines;
@@ -134,7 +134,7 @@ class LinePrefetch {
  private:
   // Requests crossing into the next runs.
   HWY_NOINLINE void step_slow(int64_t lines) {
-    if (lines <= 0) return;
+    if (lines <= 0 || next_ == nullptr) return;  // null: every run requested
     issued_ += lines;
     for (; lines > 0; --lines) {
       if (next_ >= end_) {
@@ -161,7 +161,7 @@ class LinePrefetch {
       } else {
         pass_ = 0;
         if (++sb_ >= plan_.end_sub_block()) {
-          next_ = nullptr;
+          next_ = end_ = nullptr;  // end - next stays defined (0): step() then always takes the slow path
           return;
         }
       }

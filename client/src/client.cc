@@ -163,7 +163,9 @@ Result<DecodeResult> Client::decode_step(const DecodeArgs& args, const RetryOpti
   // Applied by an attempt whose answer was lost? Then every sequence holds
   // expected + rows tokens, and a Decode without k/v re-reads the step.
   auto lengths = lengths_now();
-  if (!lengths.ok()) return r.error();
+  // Not known whether the step was applied: the caller gets the retryable
+  // error, not the precondition failure that may be its own earlier attempt.
+  if (!lengths.ok()) return lengths.error();
   DecodeArgs reread = step;
   reread.k = {};
   reread.v = {};

@@ -24,8 +24,9 @@
 namespace pagoda::client {
 
 struct ClientOptions {
-  // Deadline of every call; zero means none.
-  std::chrono::milliseconds timeout{0};
+  // Deadline of every call; zero means none (microseconds, so that a test or
+  // a soak can set deadlines shorter than a call; milliseconds convert).
+  std::chrono::microseconds timeout{0};
   // Largest message the channel sends and receives (the server's own limit is
   // reported by GetConfig).
   int max_message_bytes = 256 << 20;
@@ -62,7 +63,11 @@ class Client {
   // again; a FAILED_PRECONDITION whose sequences hold exactly expected + rows
   // tokens means an earlier attempt was applied, and the step is answered by
   // re-reading (a Decode without k/v, the same output) instead of appending
-  // twice. INVALID_ARGUMENT when args carries no k/v.
+  // twice. When the retries run out it returns the last retryable error
+  // (DEADLINE_EXCEEDED or UNAVAILABLE): whether the step was applied is then
+  // unknown, and calling decode_step again with the same args settles it
+  // (every attempt carries the expected lengths, so at most one appends).
+  // INVALID_ARGUMENT when args carries no k/v.
   Result<DecodeResult> decode_step(const DecodeArgs& args, const RetryOptions& retry = {});
   Result<uint64_t> fork_sequence(uint64_t source_id);
   Outcome free_sequence(uint64_t sequence_id);

@@ -22,7 +22,25 @@ int64_t DecodeArgs::rows() const {
 
 void Client::Impl::prepare(grpc::ClientContext& ctx) const {
   if (options.timeout.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
+  authorize(ctx);
 }
+
+void Client::Impl::authorize(grpc::ClientContext& ctx) const {
+  if (!options.token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.token);
+}
+
+namespace {
+
+std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const ClientOptions& o) {
+  if (!o.tls) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = o.tls_root_certs;
+  ssl.pem_cert_chain = o.tls_cert_chain;
+  ssl.pem_private_key = o.tls_private_key;
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
 
 std::unique_ptr<Client> Client::connect(const std::string& address, ClientOptions options) {
   auto impl = std::make_unique<Impl>();
@@ -31,7 +49,7 @@ std::unique_ptr<Client> Client::connect(const std::string& address, ClientOption
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  impl->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  impl->channel = grpc::CreateCustomChannel(address, channel_credentials(options), args);
   impl->stub = v1::DecodeAttention::NewStub(impl->channel);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
@@ -239,6 +257,7 @@ Result<std::unique_ptr<DecodeStream>> Client::open_stream(std::chrono::milliseco
   impl->ctx = std::make_unique<grpc::ClientContext>();
   if (session_timeout.count() > 0)
     impl->ctx->set_deadline(std::chrono::system_clock::now() + session_timeout);
+  impl_->authorize(*impl->ctx);
   impl->rw = impl_->stub->DecodeStream(impl->ctx.get());
   return std::make_unique<DecodeStream>(std::move(impl));
 }

@@ -27,6 +27,8 @@ struct Client::Impl {
 
   // A context carrying the configured deadline, if any.
   void prepare(grpc::ClientContext& ctx) const;
+  // The bearer token, when the options carry one (streams too).
+  void authorize(grpc::ClientContext& ctx) const;
 };
 
 struct DecodeStream::Impl {

@@ -29,6 +29,13 @@ ServerConfig config_from_proto(const v1::GetConfigResponse& m) {
   c.cache_dtype = known_dtype(cache) ? cache : DType::kFloat32;
   c.total_blocks = m.total_blocks();
   c.free_blocks = m.free_blocks();
+  c.tenant = m.tenant();
+  c.tenant_max_blocks = m.tenant_max_blocks();
+  c.tenant_max_sequences = m.tenant_max_sequences();
+  c.tenant_blocks = m.tenant_blocks();
+  c.tenant_sequences = m.tenant_sequences();
+  c.tls = m.tls();
+  c.auth = m.auth();
   c.split_tokens = m.split_tokens();
   c.deterministic = m.deterministic();
   c.backend = m.backend();

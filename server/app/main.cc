@@ -1,5 +1,6 @@
 // pagoda-server: settings from flags and PAGODA_* environment variables, one
-// PagodaServer, and a graceful drain on SIGTERM/SIGINT.
+// PagodaServer, a graceful drain on SIGTERM/SIGINT, and SIGHUP re-reading the
+// --auth-tokens file.
 //
 // Exit codes: 0 after a drain, 2 for invalid settings (including a geometry the
 // backend does not support), 1 when the server cannot start otherwise.
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   pagoda::ServerConfig settings;
@@ -75,7 +77,10 @@ int main(int argc, char** argv) {
   spdlog::info("backend {} on {}; cache {} blocks x {} tokens ({} tokens per layer, {} MiB, {})", s.backend().name(),
                s.backend().device_name(), g.num_blocks, g.block_size, static_cast<int64_t>(g.num_blocks) * g.block_size,
                pagoda::block_bytes(g) * g.num_blocks >> 20, pagoda::dtype_name(g.dtype));
-  spdlog::info("listening on {} (pagoda.v1.DecodeAttention, grpc.health.v1, reflection)", s.address());
+  spdlog::info("listening on {} ({}; pagoda.v1.DecodeAttention, grpc.health.v1{}{})", s.address(),
+               !config->tls.enabled() ? "plaintext" : config->tls.client_ca.empty() ? "TLS" : "mutual TLS",
+               settings.auth_tokens.empty() ? ", reflection" : "",
+               settings.auth_tokens.empty() ? "" : "; bearer tokens required");
   if (s.metrics_address().empty()) {
     spdlog::info("metrics: recorded, not served (--metrics-address is empty)");
   } else {
@@ -84,7 +89,17 @@ int main(int argc, char** argv) {
   }
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  for (;;) {
+    sigwait(&stop_signals, &signal_number);
+    if (signal_number != SIGHUP) break;
+    const pagoda::Status reloaded = s.reload_auth();
+    if (reloaded.ok()) {
+      spdlog::info("received SIGHUP; {}", settings.auth_tokens.empty() ? "no --auth-tokens to reload"
+                                                                        : "tokens reloaded from " + settings.auth_tokens);
+    } else {
+      spdlog::error("received SIGHUP; tokens not reloaded, the previous ones stay: {}", reloaded.message());
+    }
+  }
   spdlog::info("received {}; draining", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
   s.shutdown(settings.drain_timeout);
   // Everything that serves or computes has stopped. Tearing down the metrics

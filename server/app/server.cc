@@ -11,6 +11,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include "auth/authenticator.h"
 #include "cache/cache_manager.h"
 #include "engine/determinism_checker.h"
 #include "engine/engine.h"
@@ -29,7 +30,32 @@ std::string with_port(const std::string& listen, int port) {
   return (colon == std::string::npos ? listen : listen.substr(0, colon)) + ":" + std::to_string(port);
 }
 
+// Plaintext, TLS, or TLS requiring a client certificate signed by the CA.
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(tls.client_ca.empty()
+                                                ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                                : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = tls.client_ca;
+  options.pem_key_cert_pairs.push_back({tls.private_key, tls.cert_chain});
+  return grpc::SslServerCredentials(options);
+}
+
 }  // namespace
+
+Status PagodaServer::reload_auth() {
+  PAGODA_RETURN_IF_ERROR(auth_->reload());
+  apply_tenant_limits();
+  return Status::Ok();
+}
+
+void PagodaServer::apply_tenant_limits() {
+  const ServerConfig& raw = config_.raw;
+  cache_->set_tenant_limits(kDefaultTenant, {"default", raw.tenant_max_blocks, raw.tenant_max_sequences});
+  for (const Authenticator::Tenant& t : auth_->tenants()) {
+    cache_->set_tenant_limits(t.id, {t.name, t.quota.max_blocks, t.quota.max_sequences});
+  }
+}
 
 StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfig& config) {
   std::unique_ptr<PagodaServer> s(new PagodaServer());
@@ -99,14 +125,28 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   settings.max_request_blocks = config.max_request_blocks;
   settings.max_stream_in_flight = raw.max_stream_in_flight;
   settings.idle_ttl = raw.idle_ttl;
+  settings.tls = config.tls.enabled();
+  if (raw.auth_tokens.empty()) {
+    s->auth_ = std::make_unique<Authenticator>();
+  } else {
+    StatusOr<std::unique_ptr<Authenticator>> auth =
+        Authenticator::from_file(raw.auth_tokens, {raw.tenant_max_blocks, raw.tenant_max_sequences});
+    if (!auth.ok()) {
+      s->engine_->stop();
+      return auth.status();
+    }
+    s->auth_ = std::move(*auth);
+  }
+  s->apply_tenant_limits();
   s->service_ = std::make_unique<DecodeAttentionService>(settings, *s->backend_, *s->cache_, *s->engine_,
-                                                         *s->metrics_, *s->cache_gauges_);
+                                                         *s->metrics_, *s->cache_gauges_, *s->auth_);
 
   // Both process-wide switches must be set before the builder is created.
+  // Reflection answers without a token, so it is served only when auth is off.
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (!s->auth_->enabled()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(raw.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(raw.listen, server_credentials(config.tls), &s->port_);
   builder.RegisterService(s->service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<ParseFailureInterceptorFactory>());
@@ -119,6 +159,11 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     s->engine_->stop();
+    if (config.tls.enabled()) {
+      return Unavailable("--listen, --tls-cert, --tls-key: expected an address this process can bind and a key "
+                         "that matches its certificate, received '{}', '{}', '{}'", raw.listen, raw.tls_cert,
+                         raw.tls_key);
+    }
     return Unavailable("--listen: expected an address this process can bind, received '{}'", raw.listen);
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);

@@ -25,6 +25,7 @@ class DecodeAttentionService;
 class Metrics;
 class SummaryLogger;
 class IdleSweeper;
+class Authenticator;
 
 class PagodaServer {
  public:
@@ -47,6 +48,9 @@ class PagodaServer {
   // finish (then are cancelled); then the engine stops. Blocks until done.
   void shutdown(double drain_seconds);
   bool draining() const;
+  // Re-reads --auth-tokens (SIGHUP): new tokens apply from the next call; on
+  // an error the old ones stay and the error says why. OK when auth is off.
+  Status reload_auth();
 
   Backend& backend() { return *backend_; }
   CacheManager& cache() { return *cache_; }
@@ -57,6 +61,8 @@ class PagodaServer {
 
  private:
   PagodaServer() = default;
+  // The cache's quota of every tenant: the tokens file's, else the --tenant-max-* defaults.
+  void apply_tenant_limits();
 
   // Declared in dependency order: each is destroyed before what it uses.
   EffectiveConfig config_;
@@ -64,6 +70,7 @@ class PagodaServer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<CacheGauges> cache_gauges_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<DeterminismChecker> checker_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<DecodeAttentionService> service_;

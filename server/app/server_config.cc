@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "app/kv_scales.h"
+#include "auth/tokens_file.h"
 #include "pagoda/geometry_rules.h"
 
 namespace pagoda {
@@ -69,6 +70,13 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
   if (!(c.idle_ttl >= 0) || !std::isfinite(c.idle_ttl)) {
     return InvalidArgument("--idle-ttl: expected >= 0 seconds (0 = off), received {}", c.idle_ttl);
   }
+  if (c.tenant_max_blocks < 0) {
+    return InvalidArgument("--tenant-max-blocks: expected >= 0 (0 = no limit), received {}", c.tenant_max_blocks);
+  }
+  if (c.tenant_max_sequences < 0) {
+    return InvalidArgument("--tenant-max-sequences: expected >= 0 (0 = no limit), received {}",
+                           c.tenant_max_sequences);
+  }
   if (!(c.drain_timeout >= 0) || !std::isfinite(c.drain_timeout)) {
     return InvalidArgument("--drain-timeout: expected a finite number of seconds >= 0, received {}",
                            c.drain_timeout);
@@ -113,6 +121,17 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
   }
   g.num_blocks = static_cast<int32_t>(blocks);
   e.max_request_blocks = c.max_request_blocks > 0 ? c.max_request_blocks : std::max<int64_t>(1, blocks / 8);
+  StatusOr<TlsFiles> tls = read_tls_files(c);
+  PAGODA_RETURN_IF_ERROR(tls.status());
+  e.tls = std::move(*tls);
+  if (!c.auth_tokens.empty()) {
+    // Read again at start (and on SIGHUP); a malformed file fails here, before anything starts.
+    StatusOr<TokensFile> tokens = read_tokens_file(c.auth_tokens);
+    PAGODA_RETURN_IF_ERROR(tokens.status());
+    if (tokens->tokens.empty()) {
+      return InvalidArgument("--auth-tokens {}: expected at least one token, received none", c.auth_tokens);
+    }
+  }
   return e;
 }
 
@@ -124,12 +143,14 @@ std::string describe(const EffectiveConfig& e) {
       "cache_dtype={} kv_scales={} split_tokens={} mode={} max_batch={} max_batch_wait_us={} max_message_bytes={} "
       "max_label_bytes={} max_request_tokens={} max_request_blocks={} max_stream_in_flight={} idle_ttl={}s "
       "threads={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={} "
-      "log_summary_interval={}s",
+      "log_summary_interval={}s tls={} auth={} tenant_max_blocks={} tenant_max_sequences={}",
       g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim, g.block_size, g.num_blocks,
       block_bytes(g) * g.num_blocks, dtype_name(g.dtype), c.kv_scales, c.split_tokens, c.mode, c.max_batch,
       c.max_batch_wait_us, c.max_message_bytes, c.max_label_bytes, c.max_request_tokens, e.max_request_blocks,
       c.max_stream_in_flight, c.idle_ttl, c.threads, c.backend, c.drain_timeout, c.metrics_address,
-      c.determinism_sample_rate, c.log_summary_interval);
+      c.determinism_sample_rate, c.log_summary_interval,
+      !e.tls.enabled() ? "off" : e.tls.client_ca.empty() ? "on" : "mutual", c.auth_tokens.empty() ? "off" : c.auth_tokens,
+      c.tenant_max_blocks, c.tenant_max_sequences);
 }
 
 }  // namespace pagoda

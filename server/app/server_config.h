@@ -9,6 +9,7 @@
 
 #include "pagoda/backend.h"
 #include "pagoda/split_plan.h"
+#include "app/tls_files.h"
 #include "pagoda/status.h"
 
 namespace pagoda {
@@ -35,6 +36,12 @@ struct ServerConfig {
   int64_t max_request_blocks = 0;                  // new blocks one request takes; 0: an eighth of the cache
   int32_t max_stream_in_flight = 64;               // DecodeStream requests read and not yet answered
   double idle_ttl = 0;                             // seconds a sequence may go unused; 0: forever
+  std::string tls_cert;                            // PEM certificate chain: serve TLS
+  std::string tls_key;                             // PEM private key of tls_cert
+  std::string tls_client_ca;                       // PEM CA: require and verify client certificates
+  std::string auth_tokens;                         // tokens file (auth/tokens_file.h); empty: no auth
+  int64_t tenant_max_blocks = 0;                   // a tenant's blocks unless its line says; 0: no limit
+  int64_t tenant_max_sequences = 0;                // a tenant's sequences unless its line says; 0: no limit
   int32_t threads = 0;                             // CPU backend threads; 0 = all cores
   std::string backend = "auto";                    // auto, cpu, cuda
   double drain_timeout = 30;                       // seconds
@@ -50,6 +57,7 @@ struct EffectiveConfig {
   CacheGeometry geometry;   // num_blocks resolved from cache_bytes when not given
   std::vector<KvScale> kv_scales;  // [num_layers]
   int64_t max_request_blocks = 0;  // resolved: > 0
+  TlsFiles tls;                    // read from the --tls-* files
   SplitMode mode = SplitMode::kDeterministic;
 };
 

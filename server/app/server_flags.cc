@@ -49,6 +49,14 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
   add(app, "--max-stream-in-flight", c.max_stream_in_flight,
       "DecodeStream requests read and not yet answered, per stream (the next read waits)");
   add(app, "--idle-ttl", c.idle_ttl, "Seconds a sequence may go unused before it is freed (0: never)");
+  add(app, "--tls-cert", c.tls_cert, "PEM certificate chain: serve TLS (1.2+) on the gRPC port (with --tls-key)");
+  add(app, "--tls-key", c.tls_key, "PEM private key of --tls-cert");
+  add(app, "--tls-client-ca", c.tls_client_ca, "PEM CA certificates: require client certificates they sign (mTLS)");
+  add(app, "--auth-tokens", c.auth_tokens,
+      "Bearer tokens file, 'TENANT TOKEN [max_blocks=N] [max_sequences=N]' a line; SIGHUP reloads it (empty: no auth)");
+  add(app, "--tenant-max-blocks", c.tenant_max_blocks, "Cache blocks a tenant may hold unless its line says (0: no limit)");
+  add(app, "--tenant-max-sequences", c.tenant_max_sequences,
+      "Sequences a tenant may hold unless its line says (0: no limit)");
   add(app, "--threads", c.threads, "CPU backend threads (0: all cores)");
   add(app, "--backend", c.backend, "auto (CUDA when a device answers, else CPU), cpu or cuda");
   add(app, "--drain-timeout", c.drain_timeout, "Seconds in-flight calls get to finish after SIGTERM/SIGINT");

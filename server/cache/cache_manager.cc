@@ -15,6 +15,7 @@ CacheManager::CacheManager(const CacheGeometry& geometry)
   shares_.assign(geometry_.num_blocks, 0);
   pins_.assign(geometry_.num_blocks, 0);
   fill_.assign(geometry_.num_blocks, Fill::kReady);
+  owner_.assign(geometry_.num_blocks, kDefaultTenant);
   free_list_.reserve(geometry_.num_blocks);
   // Lowest ids are handed out first.
   for (int32_t b = geometry_.num_blocks - 1; b >= 0; --b) free_list_.push_back(b);
@@ -25,9 +26,49 @@ CacheManager::Sequence* CacheManager::find(SequenceId id) {
   return it == sequences_.end() ? nullptr : &it->second;
 }
 
+CacheManager::Sequence* CacheManager::find(SequenceId id, TenantId tenant) {
+  Sequence* s = find(id);
+  return s != nullptr && s->tenant == tenant ? s : nullptr;
+}
+
+TenantUsage& CacheManager::usage_of(TenantId tenant) {
+  if (tenant >= usage_.size()) usage_.resize(tenant + 1);
+  return usage_[tenant];
+}
+
+const TenantLimits* CacheManager::limits_of(TenantId tenant) const {
+  return tenant < limits_.size() ? &limits_[tenant] : nullptr;
+}
+
+void CacheManager::set_tenant_limits(TenantId tenant, TenantLimits limits) {
+  std::lock_guard lock(mu_);
+  if (tenant >= limits_.size()) limits_.resize(tenant + 1);
+  limits_[tenant] = std::move(limits);
+}
+
+TenantUsage CacheManager::usage(TenantId tenant) const {
+  std::lock_guard lock(mu_);
+  return tenant < usage_.size() ? usage_[tenant] : TenantUsage{};
+}
+
+TenantLimits CacheManager::limits(TenantId tenant) const {
+  std::lock_guard lock(mu_);
+  const TenantLimits* l = limits_of(tenant);
+  return l != nullptr ? *l : TenantLimits{};
+}
+
+Status CacheManager::check_sequence_quota(TenantId tenant) {
+  const TenantLimits* l = limits_of(tenant);
+  const int64_t held = usage_of(tenant).sequences;
+  if (l == nullptr || l->max_sequences == 0 || held < l->max_sequences) return Status::Ok();
+  return ResourceExhausted("tenant '{}': expected at most {} sequences (its max_sequences quota), it holds {}",
+                           l->name, l->max_sequences, held);
+}
+
 SequenceId CacheManager::create(std::string label) {
   std::lock_guard lock(mu_);
-  const SequenceId id = next_id_++;
+  const SequenceId id = ids_.next();
+  ++usage_of(kDefaultTenant).sequences;
   const auto layers = static_cast<size_t>(geometry_.num_layers);
   Sequence s;
   s.label = std::move(label);
@@ -37,10 +78,26 @@ SequenceId CacheManager::create(std::string label) {
   return id;
 }
 
-StatusOr<SequenceId> CacheManager::fork(SequenceId source) {
+StatusOr<SequenceId> CacheManager::create_for(TenantId tenant, std::string label) {
   std::lock_guard lock(mu_);
-  Sequence* s = find(source);
+  PAGODA_RETURN_IF_ERROR(check_sequence_quota(tenant));
+  const SequenceId id = ids_.next();
+  ++usage_of(tenant).sequences;
+  const auto layers = static_cast<size_t>(geometry_.num_layers);
+  Sequence s;
+  s.tenant = tenant;
+  s.label = std::move(label);
+  s.lengths.assign(layers, 0);
+  s.pending.assign(layers, -1);
+  sequences_.emplace(id, std::move(s));
+  return id;
+}
+
+StatusOr<SequenceId> CacheManager::fork(SequenceId source, TenantId tenant) {
+  std::lock_guard lock(mu_);
+  Sequence* s = find(source, tenant);
   if (s == nullptr) return NotFound("source_id: no sequence {}", source);
+  PAGODA_RETURN_IF_ERROR(check_sequence_quota(tenant));
   s->last_used = std::chrono::steady_clock::now();
   // The fork shares the committed state: an append in flight on the source is
   // the source's alone (its table may already hold the block it writes into:
@@ -48,23 +105,25 @@ StatusOr<SequenceId> CacheManager::fork(SequenceId source) {
   Sequence copy = *s;
   std::fill(copy.pending.begin(), copy.pending.end(), -1);
   for (int32_t b : copy.blocks) ++shares_[b];
-  const SequenceId id = next_id_++;
+  const SequenceId id = ids_.next();
+  ++usage_of(tenant).sequences;
   sequences_.emplace(id, std::move(copy));
   return id;
 }
 
-Status CacheManager::free(SequenceId id) {
+Status CacheManager::free(SequenceId id, TenantId tenant) {
   std::lock_guard lock(mu_);
   auto it = sequences_.find(id);
-  if (it == sequences_.end()) return NotFound("sequence_id: no sequence {}", id);
+  if (it == sequences_.end() || it->second.tenant != tenant) return NotFound("sequence_id: no sequence {}", id);
   // Blocks a reservation still pins stay allocated until it releases them; an
   // append in flight finds the sequence gone at commit and drops its lengths.
   for (int32_t b : it->second.blocks) unshare(b);
+  --usage_of(tenant).sequences;
   sequences_.erase(it);
   return Status::Ok();
 }
 
-StatusOr<std::vector<int32_t>> CacheManager::truncate(SequenceId id, int32_t length) {
+StatusOr<std::vector<int32_t>> CacheManager::truncate(SequenceId id, int32_t length, TenantId tenant) {
   if (length < 0) return InvalidArgument("length: expected >= 0, received {}", length);
   // Every layer's writer token, in layer order: no append is between its
   // reservation and its commit, so no reserved slot is cut away under it.
@@ -72,7 +131,7 @@ StatusOr<std::vector<int32_t>> CacheManager::truncate(SequenceId id, int32_t len
   writers.reserve(static_cast<size_t>(geometry_.num_layers));
   for (int32_t l = 0; l < geometry_.num_layers; ++l) writers.emplace_back(writers_[static_cast<size_t>(l)]);
   std::lock_guard lock(mu_);
-  Sequence* s = find(id);
+  Sequence* s = find(id, tenant);
   if (s == nullptr) return NotFound("sequence_id: no sequence {}", id);
   s->last_used = std::chrono::steady_clock::now();
   int32_t longest = 0;
@@ -93,12 +152,12 @@ StatusOr<std::vector<int32_t>> CacheManager::truncate(SequenceId id, int32_t len
   return s->lengths;
 }
 
-StatusOr<SequenceInfo> CacheManager::info(SequenceId id) {
+StatusOr<SequenceInfo> CacheManager::info(SequenceId id, TenantId tenant) {
   std::lock_guard lock(mu_);
-  auto it = sequences_.find(id);
-  if (it == sequences_.end()) return NotFound("sequence_id: no sequence {}", id);
-  it->second.last_used = std::chrono::steady_clock::now();
-  return SequenceInfo{it->second.label, it->second.lengths, static_cast<int32_t>(it->second.blocks.size())};
+  Sequence* s = find(id, tenant);
+  if (s == nullptr) return NotFound("sequence_id: no sequence {}", id);
+  s->last_used = std::chrono::steady_clock::now();
+  return SequenceInfo{s->label, s->lengths, static_cast<int32_t>(s->blocks.size())};
 }
 
 std::vector<CacheManager::Evicted> CacheManager::evict_idle(std::chrono::steady_clock::duration ttl) {
@@ -113,15 +172,18 @@ std::vector<CacheManager::Evicted> CacheManager::evict_idle(std::chrono::steady_
     }
     evicted.push_back({it->first, it->second.label, std::chrono::duration<double>(idle).count()});
     for (int32_t b : it->second.blocks) unshare(b);
+    --usage_of(it->second.tenant).sequences;
     it = sequences_.erase(it);
   }
   return evicted;
 }
 
-int32_t CacheManager::allocate_block() {
+int32_t CacheManager::allocate_block(TenantId owner) {
   assert(!free_list_.empty() && "reserve counts the blocks it needs before allocating");
   const int32_t b = free_list_.back();
   free_list_.pop_back();
+  owner_[b] = owner;
+  ++usage_of(owner).blocks;
   shares_[b] = 1;
   pins_[b] = 0;
   fill_[b] = Fill::kReady;
@@ -129,7 +191,9 @@ int32_t CacheManager::allocate_block() {
 }
 
 void CacheManager::maybe_free(int32_t block) {
-  if (shares_[block] == 0 && pins_[block] == 0) free_list_.push_back(block);
+  if (shares_[block] != 0 || pins_[block] != 0) return;
+  free_list_.push_back(block);
+  --usage_of(owner_[block]).blocks;
 }
 
 void CacheManager::unshare(int32_t block) {

@@ -40,6 +40,8 @@
 #include <vector>
 
 #include "cache/reservation.h"
+#include "cache/sequence_ids.h"
+#include "cache/tenant.h"
 #include "pagoda/backend.h"
 #include "pagoda/status.h"
 
@@ -53,6 +55,8 @@ struct SequenceInfo {
 
 // One request's claim on a reservation.
 struct ReserveRequest {
+  // The caller's tenant: another tenant's id is NOT_FOUND, as an unknown one.
+  TenantId tenant = kDefaultTenant;
   std::span<const SequenceId> ids;
   // New tokens each sequence appends before attending: new_tokens[i] for
   // sequence i, or new_tokens_each for all when new_tokens is empty.
@@ -93,6 +97,13 @@ class CacheManager {
     saturation_observer_ = std::move(observer);
   }
 
+  // A tenant's quota (set at start and when the tokens file is reloaded);
+  // tenants never set have none. Exceeding one is RESOURCE_EXHAUSTED naming
+  // the quota, its limit and the usage, and changes nothing.
+  void set_tenant_limits(TenantId tenant, TenantLimits limits);
+  TenantUsage usage(TenantId tenant) const;
+  TenantLimits limits(TenantId tenant) const;
+
   // Most new blocks one request may take (0: no limit beyond the free list);
   // set once before serving. A request past it is RESOURCE_EXHAUSTED naming it.
   void set_max_request_blocks(int64_t blocks) { max_request_blocks_ = blocks; }
@@ -106,14 +117,20 @@ class CacheManager {
   };
   std::vector<Evicted> evict_idle(std::chrono::steady_clock::duration ttl);
 
+  // Sequences belong to the tenant that created them (a fork to its
+  // source's); every call naming an id acts for `tenant`, and another
+  // tenant's id is NOT_FOUND with the message an unknown id gets.
+  // A sequence of `tenant`: RESOURCE_EXHAUSTED past its sequences quota.
+  StatusOr<SequenceId> create_for(TenantId tenant, std::string label);
+  // The default tenant's, with no quota check (tests and tools).
   SequenceId create(std::string label);
-  StatusOr<SequenceId> fork(SequenceId source);
-  Status free(SequenceId id);
-  StatusOr<SequenceInfo> info(SequenceId id);  // counts as a use (--idle-ttl)
+  StatusOr<SequenceId> fork(SequenceId source, TenantId tenant = kDefaultTenant);
+  Status free(SequenceId id, TenantId tenant = kDefaultTenant);
+  StatusOr<SequenceInfo> info(SequenceId id, TenantId tenant = kDefaultTenant);  // counts as a use (--idle-ttl)
   // Cuts every layer longer than `length` to it; whole blocks past every
   // layer's length go back (or stay with a fork that shares them). Waits for
   // appends in flight. Returns the layers' lengths after the cut.
-  StatusOr<std::vector<int32_t>> truncate(SequenceId id, int32_t length);
+  StatusOr<std::vector<int32_t>> truncate(SequenceId id, int32_t length, TenantId tenant = kDefaultTenant);
 
   // Starts `r` (emptied first) on `layer`. `appends`: some request will append,
   // so the layer's writer token is taken (waiting for another appender).
@@ -135,7 +152,8 @@ class CacheManager {
 
   // One request's append: begin, reserve, finish, release. Returns the layer's new length.
   StatusOr<int32_t> append(BackendStream& stream, SequenceId id, int32_t layer, int32_t num_tokens, const void* k,
-                           const void* v, DType dtype, std::optional<int32_t> expected_length = std::nullopt);
+                           const void* v, DType dtype, std::optional<int32_t> expected_length = std::nullopt,
+                           TenantId tenant = kDefaultTenant);
 
   // Tokens `ids` hold in `layer` (committed), summed; unknown ids count 0.
   int64_t cached_tokens(int32_t layer, std::span<const SequenceId> ids) const;
@@ -152,6 +170,7 @@ class CacheManager {
   friend class Reservation;
 
   struct Sequence {
+    TenantId tenant = kDefaultTenant;
     std::string label;
     std::vector<int32_t> blocks;
     std::vector<int32_t> lengths;  // [num_layers] committed
@@ -167,10 +186,14 @@ class CacheManager {
   enum class Fill : uint8_t { kReady, kFilling, kFailed };
 
   // Under mu_:
-  Sequence* find(SequenceId id);
+  Sequence* find(SequenceId id);  // any tenant's: for the cache's own bookkeeping
+  Sequence* find(SequenceId id, TenantId tenant);  // the caller's only
   bool needs_copy(const Sequence& s, int32_t index, int32_t copies_planned) const;
   StatusOr<int64_t> blocks_needed(Reservation& r, std::span<Sequence* const> seqs, const ReserveRequest& request);
-  int32_t allocate_block();
+  int32_t allocate_block(TenantId owner);
+  TenantUsage& usage_of(TenantId tenant);
+  const TenantLimits* limits_of(TenantId tenant) const;
+  Status check_sequence_quota(TenantId tenant);
   void unshare(int32_t block);
   void unpin(int32_t block);
   void maybe_free(int32_t block);
@@ -190,7 +213,10 @@ class CacheManager {
   std::vector<int32_t> pins_;    // [num_blocks]
   std::vector<Fill> fill_;       // [num_blocks]
   std::vector<int32_t> free_list_;
-  SequenceId next_id_ = 1;
+  std::vector<TenantId> owner_;        // [num_blocks] the tenant an allocated block is charged to
+  std::vector<TenantUsage> usage_;     // [tenant]
+  std::vector<TenantLimits> limits_;   // [tenant]; past the end: no limits
+  SequenceIdGenerator ids_;
   std::unique_ptr<std::mutex[]> writers_;  // [num_layers] the layers' writer tokens
   // Scratch of reserve(), under mu_.
   std::vector<Sequence*> seqs_;

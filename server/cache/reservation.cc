@@ -140,7 +140,7 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
   seqs_.clear();
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < request.ids.size(); ++i) {
-    Sequence* s = find(request.ids[i]);
+    Sequence* s = find(request.ids[i], request.tenant);
     if (s == nullptr) return NotFound("sequence_ids[{}]: no sequence {}", i, request.ids[i]);
     s->last_used = now;
     seqs_.push_back(s);
@@ -171,6 +171,14 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
     return ResourceExhausted("request: expected at most {} new blocks per request (--max-request-blocks), needs {}",
                              max_request_blocks_, *needed);
   }
+  if (const TenantLimits* l = limits_of(request.tenant); l != nullptr && l->max_blocks > 0 && *needed > 0) {
+    const int64_t held = usage_of(request.tenant).blocks;
+    if (held + *needed > l->max_blocks) {
+      return ResourceExhausted("tenant '{}': expected at most {} blocks (its max_blocks quota), it holds {} and "
+                               "the request needs {} more",
+                               l->name, l->max_blocks, held, *needed);
+    }
+  }
   if (*needed > static_cast<int64_t>(free_list_.size())) {
     return ResourceExhausted("cache: expected at most {} free blocks to be needed, request needs {}",
                              free_list_.size(), *needed);
@@ -188,12 +196,12 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
       if (index == static_cast<int32_t>(s.blocks.size())) {
         // Published at once: another layer appending at the same position
         // then writes its own part of this block instead of allocating another.
-        s.blocks.push_back(allocate_block());
+        s.blocks.push_back(allocate_block(request.tenant));
       } else if (needs_copy(s, index, 0)) {
         // Published at once too, marked as filling: whoever reads or writes it
         // before the copy is done waits for it (finish).
         const int32_t src = s.blocks[static_cast<size_t>(index)];
-        const int32_t dst = allocate_block();
+        const int32_t dst = allocate_block(request.tenant);
         fill_[dst] = Fill::kFilling;
         ++pins_[src];
         --shares_[src];  // never reaches free: pinned until the copy is done
@@ -341,12 +349,13 @@ int32_t CacheManager::release(Reservation& r) {
 
 StatusOr<int32_t> CacheManager::append(BackendStream& stream, SequenceId id, int32_t layer, int32_t num_tokens,
                                        const void* k, const void* v, DType dtype,
-                                       std::optional<int32_t> expected_length) {
+                                       std::optional<int32_t> expected_length, TenantId tenant) {
   Reservation r;
   PAGODA_RETURN_IF_ERROR(begin(layer, num_tokens > 0, r));
   const SequenceId ids[] = {id};
   const int32_t expected[] = {expected_length.value_or(0)};
   ReserveRequest request;
+  request.tenant = tenant;
   request.ids = ids;
   request.new_tokens_each = num_tokens;
   if (expected_length) request.expected_lengths = expected;

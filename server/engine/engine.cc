@@ -265,7 +265,8 @@ void Engine::run_append(Worker& w, AppendWork& work) {
     return;
   }
   StatusOr<int32_t> length =
-      cache_.append(*w.stream, work.id, work.layer, work.num_tokens, work.k, work.v, work.dtype, work.expected_length);
+      cache_.append(*w.stream, work.id, work.layer, work.num_tokens, work.k, work.v, work.dtype, work.expected_length,
+                    work.tenant);
   if (length.ok()) work.layer_length = *length;
   if (observers_.cache_gauges) observers_.cache_gauges->publish();
   work.done->work_done(length.status());
@@ -295,6 +296,7 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
       continue;
     }
     ReserveRequest request;
+    request.tenant = d.tenant;
     request.ids = d.ids;
     if (d.k != nullptr) {
       request.new_tokens = d.q_lengths;  // one new token per query row

@@ -27,6 +27,7 @@ class WorkDone {
 
 // One Decode request. Rows: its query rows, sum of q_lengths (batch when empty).
 struct DecodeWork {
+  TenantId tenant = kDefaultTenant;      // the caller's: its ids only
   int32_t layer = 0;
   std::span<const SequenceId> ids;       // [batch], distinct
   std::span<const int32_t> q_lengths;    // [batch] rows per sequence, or empty: 1 each
@@ -65,6 +66,7 @@ struct DecodeWork {
   // The request's inputs and output buffers of `other` (a validated item that
   // moves to another owner before it was submitted).
   void take_request(const DecodeWork& other) {
+    tenant = other.tenant;
     layer = other.layer;
     ids = other.ids;
     q_lengths = other.q_lengths;
@@ -88,6 +90,7 @@ struct DecodeWork {
 
 // One AppendKV request (run alone, in its layer's queue order).
 struct AppendWork {
+  TenantId tenant = kDefaultTenant;      // the caller's: its ids only
   SequenceId id = 0;
   int32_t layer = 0;
   int32_t num_tokens = 0;

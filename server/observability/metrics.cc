@@ -136,6 +136,13 @@ Metrics::Metrics(const MetricsOptions& options)
                             .Help("Sequences freed by --idle-ttl after going unused that long")
                             .Register(r)
                             .Add({});
+  auto& auth = BuildCounter()
+                   .Name("pagoda_auth_failures_total")
+                   .Help("Calls refused UNAUTHENTICATED, by reason (missing, malformed or unknown token)")
+                   .Register(r);
+  auth_missing_ = &auth.Add({{"reason", "missing"}});
+  auth_malformed_ = &auth.Add({{"reason", "malformed"}});
+  auth_unknown_ = &auth.Add({{"reason", "unknown"}});
   auto& saturated = BuildCounter()
                         .Name("pagoda_kv_saturated_total")
                         .Help("K/V elements an fp8 cache clamped to its largest finite value on append, by layer")
@@ -259,6 +266,10 @@ void Metrics::add_kv_read(double bytes, double compute_seconds) {
 std::string Metrics::exposition() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }
 
 void Metrics::add_sequences_evicted(int64_t n) { sequences_evicted_->Increment(static_cast<double>(n)); }
+
+void Metrics::add_auth_failure(std::string_view reason) {
+  (reason == "missing" ? auth_missing_ : reason == "malformed" ? auth_malformed_ : auth_unknown_)->Increment();
+}
 
 void Metrics::add_kv_saturated(int32_t layer, int64_t elements) {
   if (layer >= 0 && layer < static_cast<int32_t>(kv_saturated_.size())) {

@@ -90,6 +90,8 @@ class Metrics {
   void add_sequences_evicted(int64_t n);
   // K/V elements of `layer` an fp8 cache clamped to its largest finite value.
   void add_kv_saturated(int32_t layer, int64_t elements);
+  // A call refused UNAUTHENTICATED: reason "missing", "malformed" or "unknown".
+  void add_auth_failure(std::string_view reason);
   // One determinism re-check of a sequence: whether its bytes differed, and the
   // largest absolute element difference (0 when identical).
   void record_determinism_check(SplitMode mode, bool mismatch, double max_abs_diff);
@@ -126,6 +128,9 @@ class Metrics {
   prometheus::Counter* attention_compute_seconds_ = nullptr;
   std::vector<prometheus::Counter*> kv_saturated_;  // [kv_saturation_layers]
   prometheus::Counter* sequences_evicted_ = nullptr;
+  prometheus::Counter* auth_missing_ = nullptr;
+  prometheus::Counter* auth_malformed_ = nullptr;
+  prometheus::Counter* auth_unknown_ = nullptr;
   prometheus::Gauge* kv_blocks_used_ = nullptr;
   prometheus::Gauge* kv_blocks_free_ = nullptr;
   prometheus::Gauge* kv_usage_ratio_ = nullptr;

@@ -29,8 +29,8 @@ namespace pagoda {
 
 class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  DecodeStreamCall(DecodeAttentionService& service, const grpc::CallbackServerContext& ctx)
-      : service_(service), deadline_(ctx.deadline()) {
+  DecodeStreamCall(DecodeAttentionService& service, const grpc::CallbackServerContext& ctx, TenantId tenant)
+      : service_(service), deadline_(ctx.deadline()), tenant_(tenant) {
     service_.register_stream(this);
     start_read();
   }
@@ -83,6 +83,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
       engine.note_arriving();
       const ServiceSettings& settings = service_.settings();
       status = decode_request(slot->request, settings.geometry, settings.max_batch, slot->work);
+      slot->work.tenant = tenant_;
       engine.note_arrived();
       if (status.ok() && slot->work.k != nullptr) status = check_request_tokens("k", slot->work.rows, settings);
       if (status.ok()) prepare_response(slot->request, settings.geometry, slot->work, slot->response);
@@ -246,22 +247,24 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
   bool draining_ = false;
   bool finished_ = false;
   Status framing_error_;  // a message that did not parse: the stream's final status
+  const TenantId tenant_;  // every request of the stream acts for it
 };
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeAttentionService::DecodeStream(
     grpc::CallbackServerContext* ctx) {
-  if (draining()) {
-    class Refused final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
-     public:
-      explicit Refused(DecodeAttentionService& service) {
-      service.observe_call(RpcMethod::kDecodeStream, EngineClock::now(), draining_status());
-      Finish(to_grpc_status(draining_status()));
+  // Refused before any request is read: draining, or not authenticated.
+  class Refused final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+   public:
+    Refused(DecodeAttentionService& service, const Status& status) {
+      service.observe_call(RpcMethod::kDecodeStream, EngineClock::now(), status);
+      Finish(to_grpc_status(status));
     }
-      void OnDone() override { delete this; }
-    };
-    return new Refused(*this);
-  }
-  return new DecodeStreamCall(*this, *ctx);
+    void OnDone() override { delete this; }
+  };
+  if (draining()) return new Refused(*this, draining_status());
+  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  if (!tenant.ok()) return new Refused(*this, tenant.status());
+  return new DecodeStreamCall(*this, *ctx, *tenant);
 }
 
 void DecodeAttentionService::register_stream(DecodeStreamCall* call) {

@@ -87,9 +87,10 @@ class DecodeCall final : public EngineCall<DecodeWork> {
 class AppendCall final : public EngineCall<AppendWork> {
  public:
   AppendCall(DecodeAttentionService& service, const grpc::CallbackServerContext& ctx,
-             const v1::AppendKVRequest& request, v1::AppendKVResponse& response)
+             const v1::AppendKVRequest& request, v1::AppendKVResponse& response, TenantId tenant)
       : EngineCall(service), request_(request), response_(response) {
     Status status = decode_request(request, service.settings().geometry, work_);
+    work_.tenant = tenant;
     if (status.ok()) status = check_request_tokens("k", work_.num_tokens, service.settings());
     if (!status.ok()) {
       work_done(status);
@@ -155,19 +156,37 @@ grpc::ServerUnaryReactor* DecodeAttentionService::finish_unary(grpc::CallbackSer
 }
 
 DecodeAttentionService::DecodeAttentionService(const ServiceSettings& settings, Backend& backend, CacheManager& cache,
-                                               Engine& engine, Metrics& metrics, CacheGauges& cache_gauges)
+                                               Engine& engine, Metrics& metrics, CacheGauges& cache_gauges,
+                                               const Authenticator& auth)
     : settings_(settings),
       backend_(backend),
       cache_(cache),
       engine_(engine),
       metrics_(metrics),
-      cache_gauges_(cache_gauges) {}
+      cache_gauges_(cache_gauges),
+      auth_(auth) {}
+
+StatusOr<TenantId> DecodeAttentionService::tenant_of(const grpc::CallbackServerContext& ctx) {
+  if (!auth_.enabled()) return kDefaultTenant;
+  std::optional<std::string_view> header;
+  const auto& metadata = ctx.client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    header = std::string_view(it->second.data(), it->second.size());
+  }
+  auto who = auth_.authenticate(header);
+  if (auto* tenant = std::get_if<TenantId>(&who)) return *tenant;
+  const auto& refusal = std::get<Authenticator::Refusal>(who);
+  metrics_.add_auth_failure(auth_failure_name(refusal.reason));
+  return refusal.status;
+}
 
 grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServerContext* ctx,
                                                             const v1::GetConfigRequest*,
                                                             v1::GetConfigResponse* r) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kGetConfig, t0, draining_status());
+  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kGetConfig, t0, tenant.status());
   const CacheGeometry& g = settings_.geometry;
   r->set_num_layers(g.num_layers);
   r->set_num_q_heads(g.num_q_heads);
@@ -194,6 +213,15 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServer
   r->set_max_request_blocks(settings_.max_request_blocks);
   r->set_max_stream_in_flight(settings_.max_stream_in_flight);
   r->set_idle_ttl_seconds(settings_.idle_ttl);
+  const TenantLimits limits = cache_.limits(*tenant);
+  const TenantUsage usage = cache_.usage(*tenant);
+  r->set_tenant(auth_.tenant_name(*tenant));
+  r->set_tenant_max_blocks(limits.max_blocks);
+  r->set_tenant_max_sequences(limits.max_sequences);
+  r->set_tenant_blocks(usage.blocks);
+  r->set_tenant_sequences(usage.sequences);
+  r->set_tls(settings_.tls);
+  r->set_auth(auth_.enabled());
   return finish_unary(ctx, RpcMethod::kGetConfig, t0, Status::Ok());
 }
 
@@ -202,12 +230,16 @@ grpc::ServerUnaryReactor* DecodeAttentionService::CreateSequence(grpc::CallbackS
                                                                  v1::CreateSequenceResponse* response) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kCreateSequence, t0, draining_status());
+  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kCreateSequence, t0, tenant.status());
   if (static_cast<int64_t>(request->label().size()) > settings_.max_label_bytes) {
     return finish_unary(ctx, RpcMethod::kCreateSequence, t0,
                         InvalidArgument("label: expected at most {} bytes (--max-label-bytes), received {}",
                                         settings_.max_label_bytes, request->label().size()));
   }
-  const SequenceId id = cache_.create(request->label());
+  StatusOr<SequenceId> created = cache_.create_for(*tenant, request->label());
+  if (!created.ok()) return finish_unary(ctx, RpcMethod::kCreateSequence, t0, created.status());
+  const SequenceId id = *created;
   response->set_sequence_id(id);
   cache_gauges_.publish();
   spdlog::debug("CreateSequence sequence_id={} label='{}'", id, request->label());
@@ -219,8 +251,10 @@ grpc::ServerUnaryReactor* DecodeAttentionService::AppendKV(grpc::CallbackServerC
                                                            v1::AppendKVResponse* response) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kAppendKV, t0, draining_status());
+  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kAppendKV, t0, tenant.status());
   if (Status size = check_message_size(*request); !size.ok()) return finish_unary(ctx, RpcMethod::kAppendKV, t0, size);
-  return new AppendCall(*this, *ctx, *request, *response);
+  return new AppendCall(*this, *ctx, *request, *response, *tenant);
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerContext* ctx,
@@ -228,6 +262,8 @@ grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerCon
                                                          v1::DecodeResponse* response) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kDecode, t0, draining_status());
+  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, tenant.status());
   if (Status size = check_message_size(*request); !size.ok()) {
     return finish_unary(ctx, RpcMethod::kDecode, t0, size, describe(*request));
   }
@@ -237,6 +273,7 @@ grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerCon
   engine_.note_arrived();
   if (status.ok() && call.work.k != nullptr) status = check_request_tokens("k", call.work.rows, settings_);
   if (!status.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, status, describe(*request));
+  call.work.tenant = *tenant;
   prepare_response(*request, settings_.geometry, call.work, *response);
   call.work.deadline = ctx->deadline();
   // Nothing can batch with a lone small call: it runs here and answers through
@@ -255,7 +292,9 @@ grpc::ServerUnaryReactor* DecodeAttentionService::ForkSequence(grpc::CallbackSer
                                                                v1::ForkSequenceResponse* response) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kForkSequence, t0, draining_status());
-  StatusOr<SequenceId> id = cache_.fork(request->source_id());
+  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kForkSequence, t0, tenant.status());
+  StatusOr<SequenceId> id = cache_.fork(request->source_id(), *tenant);
   if (id.ok()) {
     response->set_sequence_id(*id);
     cache_gauges_.publish();
@@ -271,7 +310,9 @@ grpc::ServerUnaryReactor* DecodeAttentionService::FreeSequence(grpc::CallbackSer
                                                                v1::FreeSequenceResponse*) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kFreeSequence, t0, draining_status());
-  const Status status = cache_.free(request->sequence_id());
+  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kFreeSequence, t0, tenant.status());
+  const Status status = cache_.free(request->sequence_id(), *tenant);
   if (!status.ok()) {
     return finish_unary(ctx, RpcMethod::kFreeSequence, t0, status, fmt::format("sequence_id={}", request->sequence_id()));
   }
@@ -285,7 +326,9 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetSequence(grpc::CallbackServ
                                                               v1::GetSequenceResponse* response) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kGetSequence, t0, draining_status());
-  StatusOr<SequenceInfo> info = cache_.info(request->sequence_id());
+  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kGetSequence, t0, tenant.status());
+  StatusOr<SequenceInfo> info = cache_.info(request->sequence_id(), *tenant);
   if (info.ok()) {
     response->set_sequence_id(request->sequence_id());
     response->mutable_layer_lengths()->Add(info->layer_lengths.begin(), info->layer_lengths.end());
@@ -304,7 +347,9 @@ grpc::ServerUnaryReactor* DecodeAttentionService::TruncateSequence(grpc::Callbac
                                                                    v1::TruncateSequenceResponse* response) {
   const auto t0 = EngineClock::now();
   if (draining()) return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, draining_status());
-  StatusOr<std::vector<int32_t>> lengths = cache_.truncate(request->sequence_id(), request->length());
+  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, tenant.status());
+  StatusOr<std::vector<int32_t>> lengths = cache_.truncate(request->sequence_id(), request->length(), *tenant);
   if (!lengths.ok()) {
     return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, lengths.status(),
                         fmt::format("sequence_id={} length={}", request->sequence_id(), request->length()));

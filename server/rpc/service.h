@@ -11,6 +11,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "auth/authenticator.h"
 #include "cache/cache_manager.h"
 #include "engine/engine.h"
 #include "observability/cache_gauges.h"
@@ -33,6 +34,7 @@ struct ServiceSettings {
   int64_t max_request_blocks = 0;  // enforced by the cache manager; reported here
   int32_t max_stream_in_flight = 64;
   double idle_ttl = 0;             // enforced by the idle sweeper; reported here
+  bool tls = false;                // reported in GetConfig
 };
 
 class DecodeStreamCall;
@@ -52,8 +54,9 @@ using DecodeAttentionBase = v1::DecodeAttention::WithCallbackMethod_GetConfig<
 
 class DecodeAttentionService final : public DecodeAttentionBase {
  public:
+  // `auth` decides each call's tenant (off: every call is the default tenant).
   DecodeAttentionService(const ServiceSettings& settings, Backend& backend, CacheManager& cache, Engine& engine,
-                         Metrics& metrics, CacheGauges& cache_gauges);
+                         Metrics& metrics, CacheGauges& cache_gauges, const Authenticator& auth);
 
   grpc::ServerUnaryReactor* GetConfig(grpc::CallbackServerContext* ctx, const v1::GetConfigRequest* request,
                                       v1::GetConfigResponse* response) override;
@@ -92,6 +95,11 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   Status check_message_size(const google::protobuf::Message& request) const;
   CacheManager& cache() { return cache_; }
   Engine& engine() { return engine_; }
+  const Authenticator& auth() const { return auth_; }
+
+  // The calling tenant from the call's `authorization` metadata, or
+  // UNAUTHENTICATED (counted by reason; the token is never logged).
+  StatusOr<TenantId> tenant_of(const grpc::CallbackServerContext& ctx);
 
   // One finished call (a DecodeStream response counts as one): its duration since
   // `received` by method and code, and an error line when it failed. `what` names
@@ -115,6 +123,7 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   Engine& engine_;
   Metrics& metrics_;
   CacheGauges& cache_gauges_;
+  const Authenticator& auth_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_calls_{0};
   std::atomic<int64_t> refused_while_draining_{0};

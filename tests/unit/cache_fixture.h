@@ -27,6 +27,9 @@ struct DecodeVariant {
 };
 
 struct FixtureOptions {
+  // Not an aggregate, so that {geometry, threads, seed} leaves the rest at
+  // their defaults without a missing-initializer warning.
+  FixtureOptions(CacheGeometry g = {}, int32_t t = 1, uint64_t s = 1) : geometry(g), threads(t), seed(s) {}
   CacheGeometry geometry;
   int32_t threads = 1;  // CPU backend workers
   uint64_t seed = 1;

@@ -21,6 +21,7 @@ enum class StatusCode : int {
   kInternal = 13,
   kUnavailable = 14,
   kUnimplemented = 12,
+  kUnauthenticated = 16,
 };
 
 class [[nodiscard]] Status {
@@ -57,6 +58,11 @@ Status Internal(fmt::format_string<Args...> f, Args&&... args) {
 template <typename... Args>
 Status Unavailable(fmt::format_string<Args...> f, Args&&... args) {
   return {StatusCode::kUnavailable, fmt::format(f, std::forward<Args>(args)...)};
+}
+
+template <typename... Args>
+Status Unauthenticated(fmt::format_string<Args...> f, Args&&... args) {
+  return {StatusCode::kUnauthenticated, fmt::format(f, std::forward<Args>(args)...)};
 }
 
 // A value or the Status that explains why there is none.

@@ -30,12 +30,22 @@ struct ClientOptions {
   // Largest message the channel sends and receives (the server's own limit is
   // reported by GetConfig).
   int max_message_bytes = 256 << 20;
+  // Bearer token sent as `authorization: Bearer TOKEN` on every call (a
+  // server with --auth-tokens requires one); empty: none.
+  std::string token{};
+  // TLS: `tls` on, the server's certificate verified against tls_root_certs
+  // (PEM; empty: the system's roots). tls_cert_chain + tls_private_key (PEM)
+  // are this client's certificate, for a server that requires one (mTLS).
+  bool tls = false;
+  std::string tls_root_certs{};
+  std::string tls_cert_chain{};
+  std::string tls_private_key{};
 };
 
 class Client {
  public:
-  // Creates the channel (insecure, as the service is meant for a private
-  // network); nothing is sent until the first call.
+  // Creates the channel (plaintext unless options.tls); nothing is sent
+  // until the first call.
   static std::unique_ptr<Client> connect(const std::string& address, ClientOptions options = {});
   ~Client();
   Client(const Client&) = delete;

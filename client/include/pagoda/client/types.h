@@ -32,6 +32,14 @@ struct ServerConfig {
   int64_t max_batch_wait_us = 0;
   std::vector<float> k_scales;  // [num_layers] the cache stores x / scale
   std::vector<float> v_scales;  // [num_layers]
+  // The calling tenant: name, quotas (0: no limit) and what it holds.
+  std::string tenant;
+  int64_t tenant_max_blocks = 0;
+  int64_t tenant_max_sequences = 0;
+  int64_t tenant_blocks = 0;
+  int64_t tenant_sequences = 0;
+  bool tls = false;   // the server serves TLS
+  bool auth = false;  // the server requires a bearer token
 
   // Elements of one token's K (or V) in one layer: num_kv_heads * head_dim.
   int64_t kv_row() const { return static_cast<int64_t>(num_kv_heads) * head_dim; }

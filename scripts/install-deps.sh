@@ -16,6 +16,7 @@ build_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libtbb-dev libcli11-dev
   python3-grpcio python3-protobuf python3-numpy
+  openssl
 )
 check_packages=(prometheus yamllint shellcheck curl)
 fuzz_packages=(clang libclang-rt-14-dev)

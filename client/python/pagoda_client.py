@@ -15,6 +15,7 @@ output folder on PYTHONPATH (or pass stubs_dir to import_stubs).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import os
@@ -109,6 +110,29 @@ def _call(method: str, fn, *args, **kwargs):
         raise PagodaError(e.code(), e.details() or "(no message)", method) from None
 
 
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                           "wait_for_ready", "compression")),
+                   grpc.ClientCallDetails):
+    pass
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer TOKEN` to every call (plaintext or TLS alike)."""
+
+    def __init__(self, token: str):
+        self._header = ("authorization", "Bearer " + token)
+
+    def _details(self, d):
+        metadata = list(d.metadata or []) + [self._header]
+        return _CallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready, d.compression)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+
 @dataclasses.dataclass
 class DecodeResult:
     request_id: int
@@ -127,13 +151,30 @@ class PagodaClient:
     """One channel to a pagoda server; `timeout` (seconds) applies to each unary call."""
 
     def __init__(self, address: str = None, timeout: Optional[float] = 10.0,
-                 stubs_dir: Optional[str] = None, max_message_bytes: int = 256 << 20):
+                 stubs_dir: Optional[str] = None, max_message_bytes: int = 256 << 20,
+                 token: Optional[str] = None, tls: bool = False, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None):
+        """token: bearer token (default $PAGODA_TOKEN), sent as `authorization: Bearer TOKEN`.
+        tls (implied by tls_ca, tls_cert): TLS, the server verified against the PEM file tls_ca
+        (default: the system's roots); tls_cert + tls_key: this client's certificate (mTLS)."""
         self.pb, pbg = import_stubs(stubs_dir)
         self.address = address or os.environ.get("PAGODA_SERVER", "127.0.0.1:50051")
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(self.address, options=[
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes)])
+        options = [("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.max_receive_message_length", max_message_bytes)]
+        if tls or tls_ca or tls_cert:
+            def read(path):
+                if path is None:
+                    return None
+                with open(path, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key), read(tls_cert))
+            self.channel = grpc.secure_channel(self.address, creds, options=options)
+        else:
+            self.channel = grpc.insecure_channel(self.address, options=options)
+        token = token if token is not None else os.environ.get("PAGODA_TOKEN")
+        if token:
+            self.channel = grpc.intercept_channel(self.channel, _BearerToken(token))
         self.stub = pbg.DecodeAttentionStub(self.channel)
         self._config = None
         self._ids = itertools.count(1)

@@ -74,6 +74,10 @@ fi
 
 if command -v kubectl >/dev/null 2>&1; then
   check "kubectl kustomize deploy/kubernetes renders" kubectl kustomize deploy/kubernetes
+  # The secure component (TLS, mTLS, tokens from Secrets) as a user adds it.
+  cp -r deploy/kubernetes "$tmp/kubernetes"
+  printf 'components:\n  - secure\n' >> "$tmp/kubernetes/kustomization.yaml"
+  check "kubectl kustomize with the secure component renders" kubectl kustomize "$tmp/kubernetes"
 else
   echo "SKIP  kubectl kustomize deploy/kubernetes (no kubectl on this machine)"
 fi

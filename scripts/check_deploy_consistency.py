@@ -61,9 +61,11 @@ def server_flags(server_binary, design_md):
     return flags, f"the flag table of {design_md}"
 
 
-def load_manifests():
+def load_manifests(components=False):
+    """The manifests by kind; with components, those under the component folders too (patches)."""
     docs = {}
-    for path in sorted((ROOT / "deploy/kubernetes").glob("*.yaml")):
+    folder = ROOT / "deploy/kubernetes"
+    for path in sorted(folder.rglob("*.yaml") if components else folder.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
                 docs.setdefault(doc.get("kind"), []).append((path.name, doc))
@@ -250,7 +252,7 @@ def main():
             fail(f"{flag} of {source} is not documented in {design_source}")
     docs = load_manifests()
     dockerfile = (ROOT / "Dockerfile").read_text()
-    used_env = check_flags(flags, source, docs, dockerfile)
+    used_env = check_flags(flags, source, load_manifests(components=True), dockerfile)
     check_cli(args.cli_binary, dockerfile)
     check_ports_and_timing(docs, dockerfile)
 

@@ -51,6 +51,13 @@ TenantUsage CacheManager::usage(TenantId tenant) const {
   return tenant < usage_.size() ? usage_[tenant] : TenantUsage{};
 }
 
+std::vector<std::pair<std::string, TenantUsage>> CacheManager::tenant_usage() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<std::string, TenantUsage>> all;
+  for (size_t t = 0; t < limits_.size(); ++t) all.emplace_back(limits_[t].name, t < usage_.size() ? usage_[t] : TenantUsage{});
+  return all;
+}
+
 TenantLimits CacheManager::limits(TenantId tenant) const {
   std::lock_guard lock(mu_);
   const TenantLimits* l = limits_of(tenant);

@@ -103,6 +103,8 @@ class CacheManager {
   void set_tenant_limits(TenantId tenant, TenantLimits limits);
   TenantUsage usage(TenantId tenant) const;
   TenantLimits limits(TenantId tenant) const;
+  // Every tenant with limits set (named), with its usage: one consistent reading.
+  std::vector<std::pair<std::string, TenantUsage>> tenant_usage() const;
 
   // Most new blocks one request may take (0: no limit beyond the free list);
   // set once before serving. A request past it is RESOURCE_EXHAUSTED naming it.

@@ -143,6 +143,16 @@ Metrics::Metrics(const MetricsOptions& options)
   auth_missing_ = &auth.Add({{"reason", "missing"}});
   auth_malformed_ = &auth.Add({{"reason", "malformed"}});
   auth_unknown_ = &auth.Add({{"reason", "unknown"}});
+  tenant_requests_family_ = &BuildCounter()
+                                 .Name("pagoda_tenant_requests_total")
+                                 .Help("Authenticated calls by tenant (a DecodeStream counts once)")
+                                 .Register(r);
+  tenant_blocks_family_ = &BuildGauge()
+                               .Name("pagoda_tenant_kv_blocks")
+                               .Help("KV cache blocks a tenant holds (a block its forks share counts once)")
+                               .Register(r);
+  tenant_sequences_family_ =
+      &BuildGauge().Name("pagoda_tenant_sequences").Help("Sequences a tenant holds").Register(r);
   auto& saturated = BuildCounter()
                         .Name("pagoda_kv_saturated_total")
                         .Help("K/V elements an fp8 cache clamped to its largest finite value on append, by layer")
@@ -269,6 +279,24 @@ void Metrics::add_sequences_evicted(int64_t n) { sequences_evicted_->Increment(s
 
 void Metrics::add_auth_failure(std::string_view reason) {
   (reason == "missing" ? auth_missing_ : reason == "malformed" ? auth_malformed_ : auth_unknown_)->Increment();
+}
+
+void Metrics::add_tenant_request(uint32_t id, std::string_view name) {
+  prometheus::Counter* counter = nullptr;
+  {
+    std::lock_guard lock(tenant_mutex_);
+    if (id >= tenant_requests_.size()) tenant_requests_.resize(id + 1, nullptr);
+    if (tenant_requests_[id] == nullptr) {
+      tenant_requests_[id] = &tenant_requests_family_->Add({{"tenant", std::string(name)}});
+    }
+    counter = tenant_requests_[id];
+  }
+  counter->Increment();
+}
+
+void Metrics::set_tenant_usage(const std::string& name, int64_t blocks, int64_t sequences) {
+  tenant_blocks_family_->Add({{"tenant", name}}).Set(static_cast<double>(blocks));
+  tenant_sequences_family_->Add({{"tenant", name}}).Set(static_cast<double>(sequences));
 }
 
 void Metrics::add_kv_saturated(int32_t layer, int64_t elements) {

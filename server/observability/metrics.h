@@ -92,6 +92,13 @@ class Metrics {
   void add_kv_saturated(int32_t layer, int64_t elements);
   // A call refused UNAUTHENTICATED: reason "missing", "malformed" or "unknown".
   void add_auth_failure(std::string_view reason);
+  // One authenticated call of tenant `id` (named `name`), in
+  // pagoda_tenant_requests_total{tenant}; tenants come from the tokens file, so
+  // the label set is bounded by it.
+  void add_tenant_request(uint32_t id, std::string_view name);
+  // The blocks and sequences tenant `name` holds (pagoda_tenant_kv_blocks,
+  // pagoda_tenant_sequences).
+  void set_tenant_usage(const std::string& name, int64_t blocks, int64_t sequences);
   // One determinism re-check of a sequence: whether its bytes differed, and the
   // largest absolute element difference (0 when identical).
   void record_determinism_check(SplitMode mode, bool mismatch, double max_abs_diff);
@@ -113,6 +120,11 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* rpc_duration_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* rpc_errors_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* build_info_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tenant_requests_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* tenant_blocks_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* tenant_sequences_family_ = nullptr;
+  std::mutex tenant_mutex_;
+  std::vector<prometheus::Counter*> tenant_requests_;  // [tenant id], under tenant_mutex_
 
   // (method, code) children, created on first use under `series_mutex_`: the full
   // cross product would publish hundreds of empty series.

@@ -174,7 +174,10 @@ StatusOr<TenantId> DecodeAttentionService::tenant_of(const grpc::CallbackServerC
     header = std::string_view(it->second.data(), it->second.size());
   }
   auto who = auth_.authenticate(header);
-  if (auto* tenant = std::get_if<TenantId>(&who)) return *tenant;
+  if (auto* tenant = std::get_if<TenantId>(&who)) {
+    metrics_.add_tenant_request(*tenant, auth_.tenant_name(*tenant));
+    return *tenant;
+  }
   const auto& refusal = std::get<Authenticator::Refusal>(who);
   metrics_.add_auth_failure(auth_failure_name(refusal.reason));
   return refusal.status;

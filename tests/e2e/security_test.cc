@@ -278,6 +278,13 @@ TEST_F(SecurityTest, QuotasRefuseNamingThemAndOneTenantAtItsQuotaDoesNotStopAnot
   EXPECT_TRUE(b->create_sequence().ok());
   ASSERT_TRUE(a->free_sequence(*second).ok());
   EXPECT_TRUE(a->create_sequence().ok()) << "a freed one, so it may create one again";
+  // Per-tenant series, labelled by tenant name only.
+  const std::string text = server_->metrics().exposition();
+  EXPECT_NE(text.find("pagoda_tenant_sequences{tenant=\"a\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("pagoda_tenant_sequences{tenant=\"b\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("pagoda_tenant_kv_blocks{tenant=\"b\"} 7\n"), std::string::npos);
+  EXPECT_NE(text.find("pagoda_tenant_requests_total{tenant=\"a\"}"), std::string::npos);
+  EXPECT_EQ(text.find("token-of"), std::string::npos) << "a token in the metrics";
 }
 
 TEST_F(SecurityTest, TlsServerRefusesPlaintextAndServesTls) {

@@ -15,7 +15,7 @@ namespace pagoda::bench {
 namespace {
 
 struct ServiceBenchArgs {
-  std::string server = "127.0.0.1:50051";
+  client::ConnectionFlags server;
   std::string mode = "both";  // unary, stream, both
   std::string dtype = "fp32"; // wire dtype of q, k, v
   WorkloadShape shape;
@@ -69,7 +69,7 @@ ModeReport run_mode(const ServiceBenchArgs& a, const client::ServerConfig& confi
 }
 
 int run(const ServiceBenchArgs& a) {
-  auto c = client::Client::connect(a.server);
+  auto c = a.server.connect();
   auto config = c->config();
   if (!config.ok()) {
     fmt::print(stderr, "error: {}\n", config.error().to_string());
@@ -93,7 +93,7 @@ int run(const ServiceBenchArgs& a) {
   }
 
   ServiceReport report;
-  report.server = a.server;
+  report.server = a.server.server;
   report.config = *config;
   report.shape = shape;
   double getconfig_p50 = 0;
@@ -132,7 +132,7 @@ int run(const ServiceBenchArgs& a) {
 void add_service_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<ServiceBenchArgs>();
   auto* sub = app.add_subcommand("service", "Decode latency and throughput over gRPC (loopback or remote)");
-  sub->add_option("--server", a->server, "Server address host:port")->envname("PAGODA_SERVER")->capture_default_str();
+  a->server.add_to(*sub);
   sub->add_option("--clients", a->shape.clients, "Concurrent clients (threads, one channel each)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--mode", a->mode, "unary, stream or both")

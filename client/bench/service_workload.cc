@@ -220,7 +220,7 @@ void accumulate(RunResult& total, RunResult&& part) {
   if (total.first_error.empty()) total.first_error = part.first_error;
 }
 
-RunResult run_clients(const std::string& address, const client::ServerConfig& config,
+RunResult run_clients(const client::ConnectionFlags& server, const client::ServerConfig& config,
                       const WorkloadShape& shape, const std::vector<ClientSequences>& seqs,
                       CallMode mode) {
   std::vector<ThreadResult> results(shape.clients);
@@ -233,7 +233,7 @@ RunResult run_clients(const std::string& address, const client::ServerConfig& co
   for (int32_t ci = 0; ci < shape.clients; ++ci) {
     threads.emplace_back([&, ci] {
       ThreadResult& out = results[ci];
-      auto c = client::Client::connect(address);
+      auto c = server.connect();
       ClientThread worker(*c, config, shape, seqs[ci], 1000 + ci);
       const PhaseEnd warm{shape.warmup, std::nullopt};
       std::unique_ptr<client::DecodeStream> stream;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "connection_flags.h"
 #include "pagoda/client/client.h"
 
 namespace pagoda::bench {
@@ -68,8 +69,8 @@ double mean_context(const RunResult& run, const client::ServerConfig& config);
 // wall time, and the server timing means weighted by calls.
 void accumulate(RunResult& total, RunResult&& part);
 
-// Runs `shape.clients` threads, each with its own channel to `address`.
-RunResult run_clients(const std::string& address, const client::ServerConfig& config,
+// Runs `shape.clients` threads, each with its own channel to the server.
+RunResult run_clients(const client::ConnectionFlags& server, const client::ServerConfig& config,
                       const WorkloadShape& shape, const std::vector<ClientSequences>& seqs,
                       CallMode mode);
 

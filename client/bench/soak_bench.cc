@@ -20,7 +20,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct SoakArgs {
-  std::string server = "127.0.0.1:50051";
+  client::ConnectionFlags server;
   SoakShape shape;
   double sigterm_after_s = 0;  // 0: no SIGTERM
   int64_t server_pid = 0;
@@ -39,7 +39,7 @@ const std::vector<std::string> kColumns = {"ok", "retried", "replayed", "gave_up
 
 void print_table(const SoakArgs& a, const client::ServerConfig& config, const SoakReport& r) {
   fmt::print("soak: {} clients x {} operations on {} ({} backend, {} layers, {} cache, {})\n", a.shape.clients,
-             a.shape.calls, a.server, config.backend, config.num_layers, dtype_name(config.cache_dtype),
+             a.shape.calls, a.server.server, config.backend, config.num_layers, dtype_name(config.cache_dtype),
              config.deterministic ? "deterministic" : "fast");
   fmt::print("{:<27}", "operation");
   for (const auto& c : kColumns) fmt::print("{:>12}", c);
@@ -92,7 +92,7 @@ void print_json(const SoakArgs& a, const SoakReport& r) {
 }
 
 int run(const SoakArgs& a) {
-  auto c = client::Client::connect(a.server);
+  auto c = a.server.connect();
   auto config = c->config();
   if (!config.ok()) {
     fmt::print(stderr, "error: {}\n", config.error().to_string());
@@ -164,7 +164,7 @@ void add_soak_command(CLI::App& app, int& exit_code) {
   SoakShape& s = a->shape;
   auto* sub = app.add_subcommand("soak", "Mixed operations from many clients, every outcome counted, every "
                                          "token verified (exit 1 on any loss, duplicate, mismatch or failure)");
-  sub->add_option("--server", a->server, "Server address host:port")->envname("PAGODA_SERVER")->capture_default_str();
+  a->server.add_to(*sub);
   sub->add_option("--clients", s.clients, "Concurrent clients (threads, one channel each)")
       ->check(CLI::Range(1, 4096))->capture_default_str();
   sub->add_option("--calls", s.calls, "Operations per client")->check(CLI::PositiveNumber)->capture_default_str();

@@ -48,13 +48,15 @@ constexpr const char* kTiny = "decode_step_tiny_deadline";
 
 class SoakClient {
  public:
-  SoakClient(const std::string& address, const client::ServerConfig& config, const SoakShape& shape,
+  SoakClient(const client::ConnectionFlags& server, const client::ServerConfig& config, const SoakShape& shape,
              int32_t index, const std::atomic<bool>& skip_verify)
       : config_(config), shape_(shape), index_(index), skip_verify_(skip_verify),
         rng_(shape.seed * 1000003u + static_cast<uint64_t>(index)),
         layout_{config.num_q_heads, config.num_kv_heads, config.head_dim} {
-    client_ = client::Client::connect(address);
-    tiny_ = client::Client::connect(address, {.timeout = std::chrono::microseconds(shape.tiny_deadline_us)});
+    client_ = server.connect();
+    client::ClientOptions tiny;
+    tiny.timeout = std::chrono::microseconds(shape.tiny_deadline_us);
+    tiny_ = server.connect(tiny);
   }
 
   SoakCounts run() {
@@ -362,9 +364,9 @@ int64_t SoakCounts::failures(bool draining) const {
   return n;
 }
 
-SoakCounts run_soak_client(const std::string& address, const client::ServerConfig& config,
+SoakCounts run_soak_client(const client::ConnectionFlags& server, const client::ServerConfig& config,
                            const SoakShape& shape, int32_t index, const std::atomic<bool>& skip_verify) {
-  SoakClient c(address, config, shape, index, skip_verify);
+  SoakClient c(server, config, shape, index, skip_verify);
   return c.run();
 }
 

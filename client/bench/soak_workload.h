@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 
+#include "connection_flags.h"
 #include "pagoda/client/client.h"
 
 namespace pagoda::bench {
@@ -54,10 +55,10 @@ struct SoakCounts {
   int64_t failures(bool draining) const;
 };
 
-// Runs one client's operations against `address`; stops early once the server
+// Runs one client's operations against `server`; stops early once the server
 // answers UNAVAILABLE (draining). Verifies at the end unless `skip_verify`
 // became true (the server was sent SIGTERM).
-SoakCounts run_soak_client(const std::string& address, const client::ServerConfig& config,
+SoakCounts run_soak_client(const client::ConnectionFlags& server, const client::ServerConfig& config,
                            const SoakShape& shape, int32_t index, const std::atomic<bool>& skip_verify);
 
 }  // namespace pagoda::bench

@@ -82,6 +82,8 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   if (s->metrics_->port() > 0) s->metrics_address_ = with_port(raw.metrics_address, s->metrics_->port());
   s->cache_ = std::make_unique<CacheManager>(s->backend_->geometry());
   s->cache_->set_max_request_blocks(config.max_request_blocks);
+  s->cache_->set_max_sequences(raw.max_sequences);
+  s->cache_->set_max_sequence_tokens(raw.max_sequence_tokens);
   s->cache_->set_saturation_observer(
       [m = s->metrics_.get()](int32_t layer, int64_t elements) { m->add_kv_saturated(layer, elements); });
   s->metrics_->set_build_info({PAGODA_VERSION, s->backend_->name(), s->backend_->device_name()});
@@ -126,6 +128,8 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   settings.max_stream_in_flight = raw.max_stream_in_flight;
   settings.idle_ttl = raw.idle_ttl;
   settings.tls = config.tls.enabled();
+  settings.max_sequences = raw.max_sequences;
+  settings.max_sequence_tokens = raw.max_sequence_tokens;
   if (raw.auth_tokens.empty()) {
     s->auth_ = std::make_unique<Authenticator>();
   } else {

@@ -35,6 +35,8 @@ struct ServerConfig {
   int32_t max_request_tokens = 65536;              // tokens one AppendKV or Decode appends
   int64_t max_request_blocks = 0;                  // new blocks one request takes; 0: an eighth of the cache
   int32_t max_stream_in_flight = 64;               // DecodeStream requests read and not yet answered
+  int64_t max_sequences = 1 << 20;                 // sequences held, all tenants; 0: no limit
+  int64_t max_sequence_tokens = 1 << 20;           // tokens one sequence holds in a layer; 0: no limit
   double idle_ttl = 0;                             // seconds a sequence may go unused; 0: forever
   std::string tls_cert;                            // PEM certificate chain: serve TLS
   std::string tls_key;                             // PEM private key of tls_cert

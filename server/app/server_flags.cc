@@ -48,6 +48,8 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
       "Most new cache blocks one request may take (0: an eighth of the cache)");
   add(app, "--max-stream-in-flight", c.max_stream_in_flight,
       "DecodeStream requests read and not yet answered, per stream (the next read waits)");
+  add(app, "--max-sequences", c.max_sequences, "Most sequences the server holds, every tenant's together (0: no limit)");
+  add(app, "--max-sequence-tokens", c.max_sequence_tokens, "Most tokens one sequence holds in a layer (0: no limit)");
   add(app, "--idle-ttl", c.idle_ttl, "Seconds a sequence may go unused before it is freed (0: never)");
   add(app, "--tls-cert", c.tls_cert, "PEM certificate chain: serve TLS (1.2+) on the gRPC port (with --tls-key)");
   add(app, "--tls-key", c.tls_key, "PEM private key of --tls-cert");

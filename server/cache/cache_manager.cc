@@ -65,6 +65,10 @@ TenantLimits CacheManager::limits(TenantId tenant) const {
 }
 
 Status CacheManager::check_sequence_quota(TenantId tenant) {
+  if (max_sequences_ > 0 && static_cast<int64_t>(sequences_.size()) >= max_sequences_) {
+    return ResourceExhausted("cache: expected at most {} sequences (--max-sequences), it holds {}", max_sequences_,
+                             sequences_.size());
+  }
   const TenantLimits* l = limits_of(tenant);
   const int64_t held = usage_of(tenant).sequences;
   if (l == nullptr || l->max_sequences == 0 || held < l->max_sequences) return Status::Ok();

@@ -109,6 +109,11 @@ class CacheManager {
   // Most new blocks one request may take (0: no limit beyond the free list);
   // set once before serving. A request past it is RESOURCE_EXHAUSTED naming it.
   void set_max_request_blocks(int64_t blocks) { max_request_blocks_ = blocks; }
+  // Most sequences the cache holds, all tenants together, and most tokens one
+  // sequence holds in a layer (0: no limit); set once before serving. Past
+  // either: RESOURCE_EXHAUSTED naming the flag, and nothing changes.
+  void set_max_sequences(int64_t n) { max_sequences_ = n; }
+  void set_max_sequence_tokens(int64_t n) { max_sequence_tokens_ = n; }
 
   // Frees every sequence no call has named for longer than `ttl`, as
   // FreeSequence would (blocks a reservation pins stay until it releases).
@@ -208,6 +213,8 @@ class CacheManager {
   const CacheGeometry geometry_;
   std::function<void(int32_t, int64_t)> saturation_observer_;
   int64_t max_request_blocks_ = 0;
+  int64_t max_sequences_ = 0;
+  int64_t max_sequence_tokens_ = 0;
   mutable std::mutex mu_;
   std::condition_variable filled_;  // a Fill left kFilling
   std::unordered_map<SequenceId, Sequence> sequences_;

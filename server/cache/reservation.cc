@@ -155,6 +155,13 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
                                 field, request.ids[i], request.expected_lengths[i], layer, have));
     }
   }
+  for (size_t i = 0; i < request.ids.size() && max_sequence_tokens_ > 0; ++i) {
+    const int64_t after = seqs_[i]->reserved_length(layer) + request.tokens_of(i);
+    if (after > max_sequence_tokens_) {
+      return ResourceExhausted("sequence {}: expected at most {} tokens in a layer (--max-sequence-tokens), the "
+                               "append would make {}", request.ids[i], max_sequence_tokens_, after);
+    }
+  }
   for (size_t i = 0; i < request.query_rows.size(); ++i) {
     const int64_t after = seqs_[i]->reserved_length(layer) + request.tokens_of(i);
     const int32_t rows = request.query_rows[i];

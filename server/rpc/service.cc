@@ -225,6 +225,8 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServer
   r->set_tenant_sequences(usage.sequences);
   r->set_tls(settings_.tls);
   r->set_auth(auth_.enabled());
+  r->set_max_sequences(settings_.max_sequences);
+  r->set_max_sequence_tokens(settings_.max_sequence_tokens);
   return finish_unary(ctx, RpcMethod::kGetConfig, t0, Status::Ok());
 }
 

@@ -35,6 +35,8 @@ struct ServiceSettings {
   int32_t max_stream_in_flight = 64;
   double idle_ttl = 0;             // enforced by the idle sweeper; reported here
   bool tls = false;                // reported in GetConfig
+  int64_t max_sequences = 0;       // enforced by the cache manager; reported here
+  int64_t max_sequence_tokens = 0; // enforced by the cache manager; reported here
 };
 
 class DecodeStreamCall;

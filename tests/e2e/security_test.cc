@@ -313,6 +313,41 @@ TEST_F(SecurityTest, MutualTlsRequiresAClientCertificate) {
   EXPECT_TRUE(id.ok());
 }
 
+TEST(GlobalLimits, SequencesAndTokensPerSequenceRefuseNamingTheFlagAndChangeNothing) {
+  ServerConfig c = small_config();
+  c.max_sequences = 3;
+  c.max_sequence_tokens = 10;
+  auto server = start_server(c);
+  auto cl = client::Client::connect("127.0.0.1:" + std::to_string(server->port()));
+  const CacheGeometry& g = server->config().geometry;
+  const std::vector<float> row(static_cast<size_t>(g.num_kv_heads * g.head_dim), 0.5f);
+  std::vector<float> eight(8 * row.size(), 0.5f), three(3 * row.size(), 0.5f);
+  auto a = cl->create_sequence();
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(cl->create_sequence().ok());
+  ASSERT_TRUE(cl->fork_sequence(*a).ok());
+  auto fourth = cl->create_sequence();
+  ASSERT_FALSE(fourth.ok());
+  EXPECT_EQ(fourth.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(fourth.error().message().find("expected at most 3 sequences (--max-sequences), it holds 3"),
+            std::string::npos)
+      << fourth.error().message();
+  ASSERT_TRUE(cl->append_kv(*a, 0, eight, eight).ok());
+  auto over = cl->append_kv(*a, 0, three, three);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(over.error().message().find("expected at most 10 tokens in a layer (--max-sequence-tokens), the "
+                                        "append would make 11"),
+            std::string::npos)
+      << over.error().message();
+  EXPECT_EQ(cl->get_sequence(*a)->layer_lengths[0], 8);
+  auto config = cl->refresh_config();
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->tenant, "default");
+  EXPECT_FALSE(config->auth);
+  server->shutdown(0);
+}
+
 TEST(SecuritySettings, BadFilesFailAtStartNamingThePathAndTheReason) {
   ServerConfig c = small_config();
   c.tls_cert = "/nonexistent/server.pem";

@@ -3,14 +3,15 @@
 layer 0, a decode step with the new token's K/V appended, checked against numpy,
 then the same keys split over two sequences ("shards") merged by LSE.
 
-    client/python/generate_stubs.sh build/python
+    .venv/bin/python client/python/example.py --server 127.0.0.1:50051      # the installed package (README)
+    client/python/generate_stubs.sh build/python                               # or from the source tree:
     PYTHONPATH=build/python:client/python /usr/bin/python3 client/python/example.py --server 127.0.0.1:50051
 """
 import argparse
 
 import numpy as np
 
-from pagoda_client import PagodaClient, decode_tensor, encode, merge_by_lse
+from pagoda import PagodaClient, decode_tensor, encode, merge_by_lse
 
 
 def attention(q, k, v, scale):

@@ -7,7 +7,7 @@ import unittest
 
 import numpy as np
 
-import pagoda_client as pc
+import pagoda as pc
 
 
 def attention(q, k, v, scale):

@@ -15,8 +15,11 @@ import grpc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-import pagoda_client as pc  # noqa: E402
+# PAGODA_INSTALLED: test the installed package (python_package_test.sh), else the source tree's.
+INSTALLED = bool(os.environ.get("PAGODA_INSTALLED"))
+if not INSTALLED:
+    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+import pagoda as pc  # noqa: E402
 
 SERVER = None  # set in main
 
@@ -32,9 +35,10 @@ class TokensAndTls(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.TemporaryDirectory()
         d = cls.dir.name
-        subprocess.run(["sh", os.path.join(ROOT, "client", "python", "generate_stubs.sh"), os.path.join(d, "stubs")],
-                       check=True, capture_output=True)
-        os.environ["PAGODA_PY_STUBS"] = os.path.join(d, "stubs")
+        if not INSTALLED:
+            subprocess.run(["sh", os.path.join(ROOT, "client", "python", "generate_stubs.sh"),
+                            os.path.join(d, "stubs")], check=True, capture_output=True)
+            os.environ["PAGODA_PY_STUBS"] = os.path.join(d, "stubs")
         script = (
             "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca && "
             "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost && "

@@ -1,0 +1,457 @@
+"""Python client of the pagoda decode-attention service (pagoda.v1).
+
+Tensors in and out are numpy arrays; they travel as raw little-endian bytes of
+float32, float16 or bfloat16. Errors raise PagodaError with the gRPC code and
+the server's message. Installed (`pip install ./client/python`), the pagoda.v1
+stubs come with the package, generated from proto/ when it is built; from a
+source tree, client/python/generate_stubs.sh writes them to a folder to put on
+PYTHONPATH (or to pass as stubs_dir to import_stubs).
+
+    client = PagodaClient("127.0.0.1:50051")
+    cfg = client.config()
+    seq = client.create_sequence("chat-1")
+    client.append_kv(seq, layer=0, k=k, v=v)          # [n, kv_heads, head_dim]
+    res = client.decode(layer=0, sequence_ids=[seq], q=q, return_lse=True)
+    res.output                                        # [batch, q_heads, head_dim]
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import os
+import pkgutil
+import sys
+import time
+from typing import Iterable, Iterator, Optional, Sequence
+
+import grpc
+import numpy as np
+
+_pb = None
+_pbg = None
+
+
+# The generated pagoda.v1 modules live inside this package once it is
+# installed (the build generates them from proto/); from a source tree they
+# live in another folder's pagoda/ (generate_stubs.sh OUT_DIR), found on
+# sys.path or through stubs_dir / $PAGODA_PY_STUBS.
+__path__ = pkgutil.extend_path(__path__, __name__)
+
+
+def import_stubs(stubs_dir: Optional[str] = None):
+    """Imports the generated pagoda.v1 modules (installed, from stubs_dir, or from PYTHONPATH)."""
+    global _pb, _pbg
+    if _pb is None:
+        stubs_dir = stubs_dir or os.environ.get("PAGODA_PY_STUBS")
+        if stubs_dir:
+            portion = os.path.join(stubs_dir, "pagoda")
+            if portion not in __path__:
+                __path__.append(portion)
+        from pagoda.v1 import decode_attention_pb2 as pb  # noqa: E402
+        from pagoda.v1 import decode_attention_pb2_grpc as pbg  # noqa: E402
+        _pb, _pbg = pb, pbg
+    return _pb, _pbg
+
+
+# Wire dtype numbers (pagoda.v1.DType).
+FLOAT32, FLOAT16, BFLOAT16 = 1, 2, 3
+_DTYPE_NAMES = {"fp32": FLOAT32, "float32": FLOAT32, "fp16": FLOAT16, "float16": FLOAT16,
+                "bf16": BFLOAT16, "bfloat16": BFLOAT16}
+
+
+def wire_dtype(dtype) -> int:
+    """A wire dtype number from 1/2/3 or a name (fp32, fp16, bf16)."""
+    if isinstance(dtype, str):
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"dtype: expected fp32, fp16 or bf16, received {dtype!r}")
+        return _DTYPE_NAMES[dtype]
+    if dtype not in (FLOAT32, FLOAT16, BFLOAT16):
+        raise ValueError(f"dtype: expected 1, 2 or 3, received {dtype!r}")
+    return int(dtype)
+
+
+def encode(values: np.ndarray, dtype) -> bytes:
+    """float values -> little-endian bytes of the wire dtype (round to nearest even)."""
+    dtype = wire_dtype(dtype)
+    x = np.ascontiguousarray(values, dtype=np.float32)
+    if dtype == FLOAT32:
+        return x.astype("<f4").tobytes()
+    if dtype == FLOAT16:
+        return x.astype("<f2").tobytes()
+    # bfloat16: the upper half of the float32 bits, rounded to nearest even; NaN stays NaN.
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = np.isnan(x)
+    out = np.where(nan, (bits >> 16) | 0x40, rounded).astype("<u2")
+    return out.tobytes()
+
+
+def decode_tensor(data: bytes, dtype, shape: Sequence[int], field: str = "tensor") -> np.ndarray:
+    """Little-endian wire bytes -> float32 array of `shape`; checks the byte count."""
+    dtype = wire_dtype(dtype)
+    count = int(np.prod(shape)) if len(shape) else 1
+    size = 4 if dtype == FLOAT32 else 2
+    if len(data) != count * size:
+        raise PagodaError(grpc.StatusCode.INTERNAL,
+                          f"{field}.data: expected {count * size} bytes, received {len(data)}")
+    if dtype == FLOAT32:
+        arr = np.frombuffer(data, dtype="<f4")
+    elif dtype == FLOAT16:
+        arr = np.frombuffer(data, dtype="<f2").astype(np.float32)
+    else:
+        arr = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    return arr.reshape(shape).astype(np.float32, copy=False)
+
+
+class PagodaError(Exception):
+    """A failed call: the gRPC status code and the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, method: str = ""):
+        self.code = code
+        self.message = message
+        self.method = method
+        super().__init__(f"{method + ': ' if method else ''}{code.name} ({code.value[0]}): {message}")
+
+
+def _call(method: str, fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except grpc.RpcError as e:  # a Call with code() and details()
+        raise PagodaError(e.code(), e.details() or "(no message)", method) from None
+
+
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                           "wait_for_ready", "compression")),
+                   grpc.ClientCallDetails):
+    pass
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer TOKEN` to every call (plaintext or TLS alike)."""
+
+    def __init__(self, token: str):
+        self._header = ("authorization", "Bearer " + token)
+
+    def _details(self, d):
+        metadata = list(d.metadata or []) + [self._header]
+        return _CallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready, d.compression)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+
+@dataclasses.dataclass
+class DecodeResult:
+    request_id: int
+    output: np.ndarray            # [rows, q_heads, head_dim] float32 (rows: sum(q_lengths) or batch)
+    lse: Optional[np.ndarray]     # [rows, q_heads] natural log, or None
+    lengths: list                 # [batch] tokens attended per sequence
+    splits: list                  # [batch] split-KV chunks per sequence
+    split_tokens: int
+    deterministic: bool
+    timing_us: dict               # queue_us, compute_us, total_us
+    attempts: int = 1             # decode_step: calls made
+    replayed: bool = False        # decode_step: an earlier attempt had appended; this is a re-read
+
+
+class PagodaClient:
+    """One channel to a pagoda server; `timeout` (seconds) applies to each unary call."""
+
+    def __init__(self, address: str = None, timeout: Optional[float] = 10.0,
+                 stubs_dir: Optional[str] = None, max_message_bytes: int = 256 << 20,
+                 token: Optional[str] = None, tls: bool = False, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None):
+        """token: bearer token (default $PAGODA_TOKEN), sent as `authorization: Bearer TOKEN`.
+        tls (implied by tls_ca, tls_cert): TLS, the server verified against the PEM file tls_ca
+        (default: the system's roots); tls_cert + tls_key: this client's certificate (mTLS)."""
+        self.pb, pbg = import_stubs(stubs_dir)
+        self.address = address or os.environ.get("PAGODA_SERVER", "127.0.0.1:50051")
+        self.timeout = timeout
+        options = [("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.max_receive_message_length", max_message_bytes)]
+        if tls or tls_ca or tls_cert:
+            def read(path):
+                if path is None:
+                    return None
+                with open(path, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key), read(tls_cert))
+            self.channel = grpc.secure_channel(self.address, creds, options=options)
+        else:
+            self.channel = grpc.insecure_channel(self.address, options=options)
+        token = token if token is not None else os.environ.get("PAGODA_TOKEN")
+        if token:
+            self.channel = grpc.intercept_channel(self.channel, _BearerToken(token))
+        self.stub = pbg.DecodeAttentionStub(self.channel)
+        self._config = None
+        self._ids = itertools.count(1)
+
+    def close(self):
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- RPCs ---------------------------------------------------------------
+    def config(self, refresh: bool = False):
+        """GetConfig (cached: the geometry does not change while a server runs)."""
+        if self._config is None or refresh:
+            self._config = _call("GetConfig", self.stub.GetConfig, self.pb.GetConfigRequest(),
+                                 timeout=self.timeout)
+        return self._config
+
+    def create_sequence(self, label: str = "") -> int:
+        resp = _call("CreateSequence", self.stub.CreateSequence,
+                     self.pb.CreateSequenceRequest(label=label), timeout=self.timeout)
+        return resp.sequence_id
+
+    def append_kv(self, sequence_id: int, layer: int, k: np.ndarray, v: np.ndarray,
+                  dtype="fp32", expected_length: Optional[int] = None) -> int:
+        """Appends k, v [n, kv_heads, head_dim] to one layer; returns its new length.
+        With expected_length the layer must hold exactly that many tokens first
+        (FAILED_PRECONDITION otherwise, nothing appended): a retry is then safe."""
+        k = np.asarray(k, dtype=np.float32)
+        v = np.asarray(v, dtype=np.float32)
+        req = self.pb.AppendKVRequest(sequence_id=sequence_id, layer=layer,
+                                      k=self._tensor(k, dtype), v=self._tensor(v, dtype))
+        if expected_length is not None:
+            req.expected_length = expected_length
+        return _call("AppendKV", self.stub.AppendKV, req, timeout=self.timeout).layer_length
+
+    def decode(self, layer: int, sequence_ids: Sequence[int], q: np.ndarray,
+               k: Optional[np.ndarray] = None, v: Optional[np.ndarray] = None, scale: float = 0.0,
+               return_lse: bool = False, dtype="fp32", request_id: int = 0,
+               q_lengths: Optional[Sequence[int]] = None, sliding_window: int = 0,
+               logits_soft_cap: float = 0.0, sinks: Optional[np.ndarray] = None,
+               expected_lengths: Optional[Sequence[int]] = None) -> DecodeResult:
+        """One decode step: q [rows, q_heads, head_dim]; k, v [rows, kv_heads, head_dim]
+        (optional) are appended to `layer` before attending. rows = sum(q_lengths), or
+        one per sequence. The variants (DESIGN §9): q_lengths (query rows per sequence,
+        its last tokens), sliding_window, logits_soft_cap, sinks [q_heads] (natural
+        log), expected_lengths (lengths before the append: a safe retry)."""
+        req = self._decode_request(layer, sequence_ids, q, k, v, scale, return_lse, dtype, request_id,
+                                   q_lengths, sliding_window, logits_soft_cap, sinks, expected_lengths)
+        resp = _call("Decode", self.stub.Decode, req, timeout=self.timeout)
+        return self._result(resp, _rows(sequence_ids, q_lengths))
+
+    def decode_step(self, layer: int, sequence_ids: Sequence[int], q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                    expected_lengths: Optional[Sequence[int]] = None, attempts: int = 4, backoff: float = 0.005,
+                    **decode_kwargs) -> DecodeResult:
+        """One decode step that is safe to retry (DESIGN §11): appends k, v and attends,
+        sending expected_lengths (read with GetSequence first when not given). Calls that
+        end DEADLINE_EXCEEDED or UNAVAILABLE are sent again, up to `attempts` calls in all;
+        a FAILED_PRECONDITION whose sequences hold exactly expected + rows tokens means an
+        earlier attempt was applied, and the step is re-read (a Decode without k/v, the same
+        output) instead of appended twice. The result's `replayed` says so."""
+        calls = [0]
+        wait = [backoff]
+
+        def with_retries(fn):
+            while True:
+                try:
+                    calls[0] += 1
+                    return fn()
+                except PagodaError as e:
+                    if e.code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) \
+                            or calls[0] >= attempts:
+                        raise
+                    time.sleep(wait[0])
+                    wait[0] *= 2
+
+        def lengths_now():
+            return [list(with_retries(lambda i=i: self.get_sequence(i)).layer_lengths)[layer] for i in sequence_ids]
+
+        expected = list(expected_lengths) if expected_lengths is not None else lengths_now()
+        try:
+            result = with_retries(lambda: self.decode(layer, sequence_ids, q, k, v,
+                                                      expected_lengths=expected, **decode_kwargs))
+            result.attempts = calls[0]
+            return result
+        except PagodaError as e:
+            if e.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            rows = decode_kwargs.get("q_lengths") or [1] * len(sequence_ids)
+            after = [n + r for n, r in zip(expected, rows)]
+            if lengths_now() != after:
+                raise
+        result = with_retries(lambda: self.decode(layer, sequence_ids, q, expected_lengths=after, **decode_kwargs))
+        result.attempts = calls[0]
+        result.replayed = True
+        return result
+
+    def decode_stream(self, requests: Iterable[dict], timeout: Optional[float] = None) -> Iterator[DecodeResult]:
+        """DecodeStream: each item of `requests` holds decode()'s keyword arguments;
+        yields one DecodeResult per request, in order, checking request ids. A request
+        the server rejected raises PagodaError (the code and message it sent)."""
+        pending = []
+
+        def messages():
+            for kwargs in requests:
+                kwargs = dict(kwargs)
+                kwargs.setdefault("request_id", next(self._ids))
+                pending.append((kwargs["request_id"], _rows(kwargs["sequence_ids"], kwargs.get("q_lengths"))))
+                yield self._decode_request(**kwargs)
+
+        responses = self.stub.DecodeStream(messages(), timeout=timeout)
+        try:
+            for resp in responses:
+                want, batch = pending.pop(0)
+                if resp.request_id != want:
+                    raise PagodaError(grpc.StatusCode.INTERNAL,
+                                      f"request_id: expected {want}, received {resp.request_id}",
+                                      "DecodeStream")
+                if resp.HasField("error") and resp.error.code != 0:
+                    raise PagodaError(_status_code(resp.error.code), resp.error.message, "DecodeStream")
+                yield self._result(resp, batch)
+        except grpc.RpcError as e:
+            raise PagodaError(e.code(), e.details() or "(no message)", "DecodeStream") from None
+        finally:
+            responses.cancel()  # no-op once the stream has ended; stops it when abandoned
+
+    def fork_sequence(self, source_id: int) -> int:
+        return _call("ForkSequence", self.stub.ForkSequence,
+                     self.pb.ForkSequenceRequest(source_id=source_id), timeout=self.timeout).sequence_id
+
+    def free_sequence(self, sequence_id: int) -> None:
+        _call("FreeSequence", self.stub.FreeSequence,
+              self.pb.FreeSequenceRequest(sequence_id=sequence_id), timeout=self.timeout)
+
+    def truncate_sequence(self, sequence_id: int, length: int) -> list:
+        """Cuts every layer longer than `length` to it (rejected drafts); returns the
+        layers' lengths after the cut."""
+        resp = _call("TruncateSequence", self.stub.TruncateSequence,
+                     self.pb.TruncateSequenceRequest(sequence_id=sequence_id, length=length),
+                     timeout=self.timeout)
+        return list(resp.layer_lengths)
+
+    def get_sequence(self, sequence_id: int):
+        return _call("GetSequence", self.stub.GetSequence,
+                     self.pb.GetSequenceRequest(sequence_id=sequence_id), timeout=self.timeout)
+
+    def health(self, service: str = "") -> str:
+        """grpc.health.v1 Check: 'SERVING', 'NOT_SERVING', ... (messages encoded by hand:
+        HealthCheckRequest{string service = 1}, HealthCheckResponse{enum status = 1})."""
+        check = self.channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda s: (b"\x0a" + _varint(len(s.encode())) + s.encode()) if s else b"",
+            response_deserializer=_health_status)
+        status = _call("Health/Check", check, service, timeout=self.timeout)
+        return {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}.get(status, str(status))
+
+    # --- helpers ------------------------------------------------------------
+    def _tensor(self, values: np.ndarray, dtype):
+        return self.pb.Tensor(dtype=wire_dtype(dtype), shape=list(values.shape), data=encode(values, dtype))
+
+    def _decode_request(self, layer, sequence_ids, q, k=None, v=None, scale=0.0, return_lse=False,
+                        dtype="fp32", request_id=0, q_lengths=None, sliding_window=0, logits_soft_cap=0.0,
+                        sinks=None, expected_lengths=None):
+        cfg = self.config()
+        if q_lengths is not None and len(q_lengths) != len(sequence_ids):
+            raise ValueError(f"q_lengths: expected {len(sequence_ids)} entries (one per sequence), "
+                             f"received {len(q_lengths)}")
+        rows = _rows(sequence_ids, q_lengths)
+        q = np.asarray(q, dtype=np.float32).reshape(rows, cfg.num_q_heads, cfg.head_dim)
+        req = self.pb.DecodeRequest(layer=layer, sequence_ids=list(sequence_ids), q=self._tensor(q, dtype),
+                                    scale=scale, return_lse=return_lse, request_id=request_id,
+                                    q_lengths=list(q_lengths or []), sliding_window=sliding_window,
+                                    logits_soft_cap=logits_soft_cap,
+                                    expected_lengths=list(expected_lengths or []))
+        if sinks is not None:
+            req.sinks.CopyFrom(self._tensor(np.asarray(sinks, dtype=np.float32).reshape(cfg.num_q_heads), "fp32"))
+        if (k is None) != (v is None):
+            raise ValueError("k, v: expected both or neither")
+        if k is not None:
+            shape = (rows, cfg.num_kv_heads, cfg.head_dim)
+            req.k.CopyFrom(self._tensor(np.asarray(k, dtype=np.float32).reshape(shape), dtype))
+            req.v.CopyFrom(self._tensor(np.asarray(v, dtype=np.float32).reshape(shape), dtype))
+        return req
+
+    def _result(self, resp, rows: int) -> DecodeResult:
+        cfg = self.config()
+        out = decode_tensor(resp.output.data, resp.output.dtype, (rows, cfg.num_q_heads, cfg.head_dim), "output")
+        lse = None
+        if resp.HasField("lse") and resp.lse.data:
+            lse = decode_tensor(resp.lse.data, FLOAT32, (rows, cfg.num_q_heads), "lse")
+        return DecodeResult(resp.request_id, out, lse, list(resp.lengths), list(resp.splits),
+                            resp.split_tokens, resp.deterministic,
+                            {"queue_us": resp.timing.queue_us, "compute_us": resp.timing.compute_us,
+                             "total_us": resp.timing.total_us})
+
+
+def _rows(sequence_ids, q_lengths) -> int:
+    """Query rows of a request: sum(q_lengths), or one per sequence."""
+    return int(sum(q_lengths)) if q_lengths else len(sequence_ids)
+
+
+def merge_by_lse(outputs: Sequence[np.ndarray], lses: Sequence[np.ndarray]):
+    """Merges shards' results over disjoint keys of the same sequences (the
+    online-softmax merge): outputs [..., head_dim], lses [...] natural log (-inf for
+    a shard without keys). Returns (output, lse) as if one server held every key."""
+    lse = np.stack([np.asarray(x, dtype=np.float64) for x in lses])            # [shards, ...]
+    out = np.stack([np.asarray(x, dtype=np.float64) for x in outputs])         # [shards, ..., d]
+    m = lse.max(axis=0)
+    safe_m = np.where(np.isneginf(m), 0.0, m)
+    w = np.where(np.isneginf(lse), 0.0, np.exp(lse - safe_m))                  # [shards, ...]
+    total = w.sum(axis=0)
+    merged = np.einsum("s...,s...d->...d", w, np.where(np.isneginf(lse)[..., None], 0.0, out))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        merged = np.where(total[..., None] > 0, merged / total[..., None], 0.0)
+        merged_lse = np.where(total > 0, safe_m + np.log(total), -np.inf)
+    return merged.astype(np.float32), merged_lse.astype(np.float32)
+
+
+def _status_code(number: int) -> grpc.StatusCode:
+    for code in grpc.StatusCode:
+        if code.value[0] == number:
+            return code
+    return grpc.StatusCode.UNKNOWN
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _health_status(data: bytes) -> int:
+    # Only field 1 (varint) is expected; anything else is skipped by wire type.
+    pos, status = 0, 0
+    while pos < len(data):
+        key, pos = _read_varint(data, pos)
+        field, wtype = key >> 3, key & 7
+        if wtype == 0:
+            value, pos = _read_varint(data, pos)
+            if field == 1:
+                status = value
+        elif wtype == 2:
+            length, pos = _read_varint(data, pos)
+            pos += length
+        elif wtype == 1:
+            pos += 8
+        elif wtype == 5:
+            pos += 4
+        else:
+            raise ValueError("malformed HealthCheckResponse")
+    return status
+
+
+def _read_varint(data: bytes, pos: int):
+    value, shift = 0, 0
+    while True:
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7

@@ -16,6 +16,7 @@ build_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libtbb-dev libcli11-dev
   python3-grpcio python3-protobuf python3-numpy python3-venv python3-setuptools python3-wheel
+  python3-torch
   openssl
 )
 check_packages=(prometheus yamllint shellcheck curl)

@@ -46,6 +46,38 @@ class Encoding(unittest.TestCase):
             pc.wire_dtype("fp8")
 
 
+try:
+    import torch
+except ImportError:  # the install script installs python3-torch; without it these skip
+    torch = None
+
+
+@unittest.skipIf(torch is None, "python3-torch is not installed")
+class TorchTensors(unittest.TestCase):
+    def test_bf16_bits_travel_unchanged(self):
+        t = torch.tensor([1.0, -2.0, 1 + 2.0 ** -7, 3.140625], dtype=torch.bfloat16)
+        self.assertEqual(pc.encode(t, "bf16"), t.view(torch.int16).numpy().tobytes())
+
+    def test_conversions_match_the_numpy_path(self):
+        x = torch.linspace(-3, 3, 50, dtype=torch.float32)
+        for dtype in ("fp32", "fp16", "bf16"):
+            self.assertEqual(pc.encode(x, dtype), pc.encode(x.numpy(), dtype), dtype)
+
+    def test_the_wire_dtype_follows_the_input(self):
+        self.assertEqual(pc.tensors.follow_dtype(torch.zeros(2, dtype=torch.bfloat16), None), "bf16")
+        self.assertEqual(pc.tensors.follow_dtype(torch.zeros(2, dtype=torch.float16), None), "fp16")
+        self.assertEqual(pc.tensors.follow_dtype(torch.zeros(2), None), "fp32")
+        self.assertEqual(pc.tensors.follow_dtype(np.zeros(2, dtype=np.float16), None), "fp16")
+        self.assertEqual(pc.tensors.follow_dtype(torch.zeros(2, dtype=torch.bfloat16), "fp32"), "fp32")
+
+    def test_back_from_the_wire_in_the_dtype_of_q(self):
+        like = torch.zeros(1, dtype=torch.bfloat16)
+        x = torch.tensor([[1.5, -0.25]], dtype=torch.float32)
+        back = pc.tensors.torch_from_wire(pc.encode(x, "bf16"), pc.BFLOAT16, (1, 2), like, pc.FLOAT32, pc.FLOAT16)
+        self.assertEqual(back.dtype, torch.bfloat16)
+        self.assertTrue(torch.equal(back.float(), x))
+
+
 class MergeByLse(unittest.TestCase):
     def setUp(self):
         rng = np.random.default_rng(3)

@@ -29,6 +29,8 @@ from typing import Iterable, Iterator, Optional, Sequence
 import grpc
 import numpy as np
 
+from pagoda import tensors as _tensors
+
 _pb = None
 _pbg = None
 
@@ -72,9 +74,12 @@ def wire_dtype(dtype) -> int:
     return int(dtype)
 
 
-def encode(values: np.ndarray, dtype) -> bytes:
-    """float values -> little-endian bytes of the wire dtype (round to nearest even)."""
+def encode(values, dtype) -> bytes:
+    """float values (numpy, or a torch CPU tensor) -> little-endian bytes of the wire dtype
+    (round to nearest even)."""
     dtype = wire_dtype(dtype)
+    if _tensors.is_torch(values):
+        return _tensors.torch_bytes(values, dtype, FLOAT32, FLOAT16)
     x = np.ascontiguousarray(values, dtype=np.float32)
     if dtype == FLOAT32:
         return x.astype("<f4").tobytes()
@@ -213,13 +218,16 @@ class PagodaClient:
                      self.pb.CreateSequenceRequest(label=label), timeout=self.timeout)
         return resp.sequence_id
 
-    def append_kv(self, sequence_id: int, layer: int, k: np.ndarray, v: np.ndarray,
-                  dtype="fp32", expected_length: Optional[int] = None) -> int:
-        """Appends k, v [n, kv_heads, head_dim] to one layer; returns its new length.
-        With expected_length the layer must hold exactly that many tokens first
-        (FAILED_PRECONDITION otherwise, nothing appended): a retry is then safe."""
-        k = np.asarray(k, dtype=np.float32)
-        v = np.asarray(v, dtype=np.float32)
+    def append_kv(self, sequence_id: int, layer: int, k, v,
+                  dtype=None, expected_length: Optional[int] = None) -> int:
+        """Appends k, v [n, kv_heads, head_dim] (numpy or torch) to one layer; returns its
+        new length. The wire dtype follows k unless `dtype` says. With expected_length the
+        layer must hold exactly that many tokens first (FAILED_PRECONDITION otherwise,
+        nothing appended): a retry is then safe."""
+        dtype = _tensors.follow_dtype(k, dtype)
+        cfg = self.config()
+        k = _tensors.shaped(k, (-1, cfg.num_kv_heads, cfg.head_dim))
+        v = _tensors.shaped(v, (-1, cfg.num_kv_heads, cfg.head_dim))
         req = self.pb.AppendKVRequest(sequence_id=sequence_id, layer=layer,
                                       k=self._tensor(k, dtype), v=self._tensor(v, dtype))
         if expected_length is not None:
@@ -228,7 +236,7 @@ class PagodaClient:
 
     def decode(self, layer: int, sequence_ids: Sequence[int], q: np.ndarray,
                k: Optional[np.ndarray] = None, v: Optional[np.ndarray] = None, scale: float = 0.0,
-               return_lse: bool = False, dtype="fp32", request_id: int = 0,
+               return_lse: bool = False, dtype=None, request_id: int = 0,
                q_lengths: Optional[Sequence[int]] = None, sliding_window: int = 0,
                logits_soft_cap: float = 0.0, sinks: Optional[np.ndarray] = None,
                expected_lengths: Optional[Sequence[int]] = None) -> DecodeResult:
@@ -236,11 +244,13 @@ class PagodaClient:
         (optional) are appended to `layer` before attending. rows = sum(q_lengths), or
         one per sequence. The variants (DESIGN §9): q_lengths (query rows per sequence,
         its last tokens), sliding_window, logits_soft_cap, sinks [q_heads] (natural
-        log), expected_lengths (lengths before the append: a safe retry)."""
+        log), expected_lengths (lengths before the append: a safe retry).
+        q, k, v are numpy arrays or torch CPU tensors (fp32, fp16, bf16); the wire dtype
+        follows q unless `dtype` says; a torch q gets a torch output (and LSE) back."""
         req = self._decode_request(layer, sequence_ids, q, k, v, scale, return_lse, dtype, request_id,
                                    q_lengths, sliding_window, logits_soft_cap, sinks, expected_lengths)
         resp = _call("Decode", self.stub.Decode, req, timeout=self.timeout)
-        return self._result(resp, _rows(sequence_ids, q_lengths))
+        return self._result(resp, _rows(sequence_ids, q_lengths), like=q)
 
     def decode_step(self, layer: int, sequence_ids: Sequence[int], q: np.ndarray, k: np.ndarray, v: np.ndarray,
                     expected_lengths: Optional[Sequence[int]] = None, attempts: int = 4, backoff: float = 0.005,
@@ -297,20 +307,21 @@ class PagodaClient:
             for kwargs in requests:
                 kwargs = dict(kwargs)
                 kwargs.setdefault("request_id", next(self._ids))
-                pending.append((kwargs["request_id"], _rows(kwargs["sequence_ids"], kwargs.get("q_lengths"))))
+                pending.append((kwargs["request_id"], _rows(kwargs["sequence_ids"], kwargs.get("q_lengths")),
+                                kwargs["q"]))
                 yield self._decode_request(**kwargs)
 
         responses = self.stub.DecodeStream(messages(), timeout=timeout)
         try:
             for resp in responses:
-                want, batch = pending.pop(0)
+                want, batch, q = pending.pop(0)
                 if resp.request_id != want:
                     raise PagodaError(grpc.StatusCode.INTERNAL,
                                       f"request_id: expected {want}, received {resp.request_id}",
                                       "DecodeStream")
                 if resp.HasField("error") and resp.error.code != 0:
                     raise PagodaError(_status_code(resp.error.code), resp.error.message, "DecodeStream")
-                yield self._result(resp, batch)
+                yield self._result(resp, batch, like=q)
         except grpc.RpcError as e:
             raise PagodaError(e.code(), e.details() or "(no message)", "DecodeStream") from None
         finally:
@@ -347,39 +358,45 @@ class PagodaClient:
         return {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}.get(status, str(status))
 
     # --- helpers ------------------------------------------------------------
-    def _tensor(self, values: np.ndarray, dtype):
+    def _tensor(self, values, dtype):
         return self.pb.Tensor(dtype=wire_dtype(dtype), shape=list(values.shape), data=encode(values, dtype))
 
     def _decode_request(self, layer, sequence_ids, q, k=None, v=None, scale=0.0, return_lse=False,
-                        dtype="fp32", request_id=0, q_lengths=None, sliding_window=0, logits_soft_cap=0.0,
+                        dtype=None, request_id=0, q_lengths=None, sliding_window=0, logits_soft_cap=0.0,
                         sinks=None, expected_lengths=None):
         cfg = self.config()
         if q_lengths is not None and len(q_lengths) != len(sequence_ids):
             raise ValueError(f"q_lengths: expected {len(sequence_ids)} entries (one per sequence), "
                              f"received {len(q_lengths)}")
         rows = _rows(sequence_ids, q_lengths)
-        q = np.asarray(q, dtype=np.float32).reshape(rows, cfg.num_q_heads, cfg.head_dim)
+        dtype = _tensors.follow_dtype(q, dtype)
+        q = _tensors.shaped(q, (rows, cfg.num_q_heads, cfg.head_dim))
         req = self.pb.DecodeRequest(layer=layer, sequence_ids=list(sequence_ids), q=self._tensor(q, dtype),
                                     scale=scale, return_lse=return_lse, request_id=request_id,
                                     q_lengths=list(q_lengths or []), sliding_window=sliding_window,
                                     logits_soft_cap=logits_soft_cap,
                                     expected_lengths=list(expected_lengths or []))
         if sinks is not None:
-            req.sinks.CopyFrom(self._tensor(np.asarray(sinks, dtype=np.float32).reshape(cfg.num_q_heads), "fp32"))
+            req.sinks.CopyFrom(self._tensor(_tensors.shaped(sinks, (cfg.num_q_heads,)), "fp32"))
         if (k is None) != (v is None):
             raise ValueError("k, v: expected both or neither")
         if k is not None:
             shape = (rows, cfg.num_kv_heads, cfg.head_dim)
-            req.k.CopyFrom(self._tensor(np.asarray(k, dtype=np.float32).reshape(shape), dtype))
-            req.v.CopyFrom(self._tensor(np.asarray(v, dtype=np.float32).reshape(shape), dtype))
+            req.k.CopyFrom(self._tensor(_tensors.shaped(k, shape), dtype))
+            req.v.CopyFrom(self._tensor(_tensors.shaped(v, shape), dtype))
         return req
 
-    def _result(self, resp, rows: int) -> DecodeResult:
+    def _result(self, resp, rows: int, like=None) -> DecodeResult:
         cfg = self.config()
         out = decode_tensor(resp.output.data, resp.output.dtype, (rows, cfg.num_q_heads, cfg.head_dim), "output")
         lse = None
         if resp.HasField("lse") and resp.lse.data:
             lse = decode_tensor(resp.lse.data, FLOAT32, (rows, cfg.num_q_heads), "lse")
+        if _tensors.is_torch(like):
+            import torch
+            out = _tensors.torch_from_wire(resp.output.data, resp.output.dtype, out.shape, like, FLOAT32, FLOAT16)
+            if lse is not None:
+                lse = torch.from_numpy(lse.copy())
         return DecodeResult(resp.request_id, out, lse, list(resp.lengths), list(resp.splits),
                             resp.split_tokens, resp.deterministic,
                             {"queue_us": resp.timing.queue_us, "compute_us": resp.timing.compute_us,

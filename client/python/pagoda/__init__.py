@@ -472,3 +472,7 @@ def _read_varint(data: bytes, pos: int):
         if not b & 0x80:
             return value, pos
         shift += 7
+
+
+# Past one pod (DESIGN §12); imported last: it builds on the client above.
+from pagoda.sharded import HashRing, SequenceRef, ShardedClient, ShardedSequence, endpoints_from_dns  # noqa: E402,F401

@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+"""ShardedClient against real pagoda servers on loopback: a batch split over
+three pods equals, bit for bit, the same batch on one server; one sequence's
+context spread over three pods and merged by LSE equals it held whole (to
+rounding); the hash ring moves few keys when a pod is added; a pod that is
+down is UNAVAILABLE naming its endpoint, not a hang.
+
+Usage: python_sharded_test.py PAGODA_SERVER"""
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+if not os.environ.get("PAGODA_INSTALLED"):
+    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+import pagoda  # noqa: E402
+
+SERVER = None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sharded(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        if not os.environ.get("PAGODA_INSTALLED"):
+            subprocess.run(["sh", os.path.join(ROOT, "client", "python", "generate_stubs.sh"),
+                            os.path.join(cls.dir.name, "stubs")], check=True, capture_output=True)
+            os.environ["PAGODA_PY_STUBS"] = os.path.join(cls.dir.name, "stubs")
+        cls.servers, cls.endpoints = [], []
+        for _ in range(4):  # three pods and one reference server
+            endpoint = f"127.0.0.1:{free_port()}"
+            cls.servers.append(subprocess.Popen(
+                [SERVER, "--listen", endpoint, "--metrics-address", "", "--log-level", "warn",
+                 "--cache-bytes", str(32 << 20)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            cls.endpoints.append(endpoint)
+        for endpoint in cls.endpoints:
+            deadline = time.time() + 20
+            while True:
+                try:
+                    pagoda.PagodaClient(endpoint, timeout=1).health()
+                    break
+                except pagoda.PagodaError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.1)
+        cls.pods, cls.reference = cls.endpoints[:3], pagoda.PagodaClient(cls.endpoints[3])
+        cls.cfg = cls.reference.config()
+
+    @classmethod
+    def tearDownClass(cls):
+        for s in cls.servers:
+            s.terminate()
+            s.wait(10)
+        cls.dir.cleanup()
+
+    def kv(self, rng, n):
+        return rng.standard_normal((n, self.cfg.num_kv_heads, self.cfg.head_dim)).astype(np.float32)
+
+    def test_a_batch_split_over_pods_has_the_bits_of_one_server(self):
+        rng = np.random.default_rng(1)
+        with pagoda.ShardedClient(self.pods) as sc:
+            refs, alone = [], []
+            for i in range(6):
+                k, v = self.kv(rng, 20 + 7 * i), self.kv(rng, 20 + 7 * i)
+                ref = sc.create_sequence(placement_key=f"seq-{i}")
+                sc.append_kv(ref, 0, k, v)
+                refs.append(ref)
+                one = self.reference.create_sequence()
+                self.reference.append_kv(one, 0, k, v)
+                alone.append(one)
+            self.assertGreaterEqual(len({r.endpoint for r in refs}), 2, "every sequence on one pod")
+            q = rng.standard_normal((6, self.cfg.num_q_heads, self.cfg.head_dim)).astype(np.float32)
+            nk, nv = self.kv(rng, 6), self.kv(rng, 6)
+            out, lse, lengths = sc.decode(0, refs, q, nk, nv, return_lse=True)
+            want = self.reference.decode(0, alone, q, nk, nv, return_lse=True)
+            self.assertEqual(lengths, want.lengths)
+            self.assertTrue(np.array_equal(out, want.output), "the sharded batch differs from one server")
+            self.assertTrue(np.array_equal(lse, want.lse))
+            for ref in refs:
+                sc.free_sequence(ref)
+            for one in alone:
+                self.reference.free_sequence(one)
+
+    def test_context_spread_over_pods_merges_to_the_whole(self):
+        rng = np.random.default_rng(2)
+        k, v = self.kv(rng, 700), self.kv(rng, 700)
+        with pagoda.ShardedClient(self.pods) as sc:
+            seq = sc.create_sharded_sequence("long", shards=3)
+            self.assertEqual(len({p.endpoint for p in seq.parts}), 3)
+            self.assertEqual(seq.append_kv(0, k, v), 700)
+            whole = self.reference.create_sequence()
+            self.reference.append_kv(whole, 0, k, v)
+            q = rng.standard_normal((1, self.cfg.num_q_heads, self.cfg.head_dim)).astype(np.float32)
+            nk, nv = self.kv(rng, 1), self.kv(rng, 1)
+            out, lse = seq.decode(0, q, nk, nv)
+            want = self.reference.decode(0, [whole], q, nk, nv, return_lse=True)
+            self.assertEqual(seq.length(0), 701)
+            np.testing.assert_allclose(out, want.output, rtol=0, atol=2e-5)
+            np.testing.assert_allclose(lse, want.lse, rtol=0, atol=2e-5)
+            seq.free()
+            self.reference.free_sequence(whole)
+
+    def test_adding_a_pod_moves_few_keys_and_only_to_it(self):
+        keys = [f"k{i}" for i in range(2000)]
+        three = pagoda.HashRing(["a:1", "b:1", "c:1"])
+        four = pagoda.HashRing(["a:1", "b:1", "c:1", "d:1"])
+        moved = [key for key in keys if three.owners(key)[0] != four.owners(key)[0]]
+        self.assertLess(len(moved) / len(keys), 0.4)
+        self.assertTrue(all(four.owners(key)[0] == "d:1" for key in moved))
+
+    def test_a_pod_that_is_down_is_unavailable_naming_it(self):
+        dead = f"127.0.0.1:{free_port()}"
+        with pagoda.ShardedClient([dead, self.pods[0]], timeout=3) as sc:
+            key = next(f"x{i}" for i in range(1000) if sc.ring.owners(f"x{i}")[0] == dead)
+            t0 = time.time()
+            with self.assertRaises(pagoda.PagodaError) as err:
+                sc.create_sequence(placement_key=key)
+            self.assertLess(time.time() - t0, 5)
+            self.assertEqual(err.exception.code.name, "UNAVAILABLE")
+            self.assertIn(dead, str(err.exception))
+
+
+if __name__ == "__main__":
+    SERVER = sys.argv.pop(1)
+    unittest.main()

@@ -113,6 +113,31 @@ class Sharded(unittest.TestCase):
             seq.free()
             self.reference.free_sequence(whole)
 
+    def test_layer_streams_pipeline_micro_batches_with_the_bits_of_unary_calls(self):
+        rng = np.random.default_rng(3)
+        c = self.reference
+        layers = self.cfg.num_layers
+        batches = [[c.create_sequence() for _ in range(2)] for _ in range(2)]  # micro-batches A, B
+        twins = [[c.create_sequence() for _ in range(2)] for _ in range(2)]
+        with pagoda.LayerStreams(c) as streams:
+            for step in range(5):
+                inputs = [[(rng.standard_normal((2, self.cfg.num_q_heads, self.cfg.head_dim)).astype(np.float32),
+                            self.kv(rng, 2), self.kv(rng, 2)) for _ in range(2)] for _ in range(layers)]
+                for layer in range(layers):
+                    for b in range(2):  # both micro-batches in flight on the layer's stream
+                        q, k, v = inputs[layer][b]
+                        streams.send(layer, batches[b], q, k, v)
+                    self.assertEqual(streams.outstanding(layer), 2)
+                    for b in range(2):
+                        q, k, v = inputs[layer][b]
+                        got = streams.receive(layer)
+                        want = c.decode(layer, twins[b], q, k, v)
+                        self.assertEqual(got.lengths, [step + 1, step + 1])
+                        self.assertTrue(np.array_equal(got.output, want.output), f"step {step} layer {layer}")
+        for ids in batches + twins:
+            for sid in ids:
+                c.free_sequence(sid)
+
     def test_adding_a_pod_moves_few_keys_and_only_to_it(self):
         keys = [f"k{i}" for i in range(2000)]
         three = pagoda.HashRing(["a:1", "b:1", "c:1"])

@@ -474,5 +474,7 @@ def _read_varint(data: bytes, pos: int):
         shift += 7
 
 
-# Past one pod (DESIGN §12); imported last: it builds on the client above.
+# Past one pod (DESIGN §12) and the per-layer streams of a model's decode loop;
+# imported last: they build on the client above.
 from pagoda.sharded import HashRing, SequenceRef, ShardedClient, ShardedSequence, endpoints_from_dns  # noqa: E402,F401
+from pagoda.layer_streams import LayerStreams  # noqa: E402,F401

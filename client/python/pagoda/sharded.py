@@ -2,7 +2,7 @@
 
 Sequence placement: each new sequence gets a placement key (its label, or a
 random one), and a consistent-hash ring of the endpoints (64 virtual nodes
-each) picks its pod, so adding a pod moves about 1/(pods+1) of the keys and
+each; FNV-1a + splitmix64, as the C++ ShardedClient) picks its pod, so adding a pod moves about 1/(pods+1) of the keys and
 nothing else. The server assigns the id, so a sequence is named by a
 `SequenceRef` (endpoint, id). A batch is split per pod, the parts issued
 concurrently, and the results put back in request order.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
-import hashlib
 import os
 import socket
 from typing import Dict, List, Optional, Sequence
@@ -29,8 +28,19 @@ import numpy as np
 from pagoda import PagodaClient, PagodaError, merge_by_lse
 
 
+_MASK = (1 << 64) - 1
+
+
 def _hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    """FNV-1a over the UTF-8 bytes, then the splitmix64 finaliser (so that
+    similar keys spread): the C++ ShardedClient hashes the same way, so both
+    clients place a key on the same pod."""
+    h = 0xCBF29CE484222325
+    for byte in text.encode():
+        h = ((h ^ byte) * 0x100000001B3) & _MASK
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK
+    return h ^ (h >> 31)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ PYTHONPATH (or to pass as stubs_dir to import_stubs).
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import itertools
 import os
@@ -150,6 +151,51 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInte
         return continuation(self._details(details), request_iterator)
 
 
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """GetConfig as plain Python values; the field names are pagoda.v1.GetConfigResponse's."""
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    cache_dtype: int              # pagoda.v1.DType: 1 fp32, 2 fp16, 3 bf16, 4 fp8_e4m3, 5 fp8_e5m2
+    total_blocks: int
+    free_blocks: int
+    split_tokens: int
+    deterministic: bool
+    backend: str
+    device_name: str
+    version: str
+    max_message_bytes: int
+    max_batch: int
+    max_batch_wait_us: int
+    k_scales: tuple               # [num_layers] the cache stores x / scale
+    v_scales: tuple
+    max_label_bytes: int
+    max_request_tokens: int
+    max_request_blocks: int
+    max_stream_in_flight: int
+    idle_ttl_seconds: float
+    tenant: str                   # the calling tenant ("default" without --auth-tokens)
+    tenant_max_blocks: int        # its quotas (0: none) and what it holds
+    tenant_max_sequences: int
+    tenant_blocks: int
+    tenant_sequences: int
+    tls: bool
+    auth: bool
+    max_sequences: int
+    max_sequence_tokens: int
+
+    @classmethod
+    def from_proto(cls, m) -> "ServerConfig":
+        values = {}
+        for f in dataclasses.fields(cls):
+            v = getattr(m, f.name)
+            values[f.name] = tuple(v) if f.type == "tuple" else v
+        return cls(**values)
+
+
 @dataclasses.dataclass
 class DecodeResult:
     request_id: int
@@ -206,12 +252,20 @@ class PagodaClient:
         self.close()
 
     # --- RPCs ---------------------------------------------------------------
-    def config(self, refresh: bool = False):
-        """GetConfig (cached: the geometry does not change while a server runs)."""
+    def config(self, refresh: bool = False) -> ServerConfig:
+        """GetConfig (cached: the geometry does not change while a server runs; refresh for
+        free_blocks and the tenant's usage)."""
         if self._config is None or refresh:
-            self._config = _call("GetConfig", self.stub.GetConfig, self.pb.GetConfigRequest(),
-                                 timeout=self.timeout)
+            self._config = ServerConfig.from_proto(
+                _call("GetConfig", self.stub.GetConfig, self.pb.GetConfigRequest(), timeout=self.timeout))
         return self._config
+
+    def with_timeout(self, timeout: Optional[float]) -> "PagodaClient":
+        """The same client (channel, stubs, cached config) with another per-call deadline, e.g.
+        `client.with_timeout(0.05).decode(...)`; None: no deadline."""
+        clone = copy.copy(self)
+        clone.timeout = timeout
+        return clone
 
     def create_sequence(self, label: str = "") -> int:
         resp = _call("CreateSequence", self.stub.CreateSequence,

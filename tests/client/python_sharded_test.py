@@ -138,6 +138,24 @@ class Sharded(unittest.TestCase):
             for sid in ids:
                 c.free_sequence(sid)
 
+    def test_tensors_come_back_in_the_dtype_they_went(self):
+        import torch
+        c = self.reference
+        sid = c.create_sequence()
+        rng = np.random.default_rng(4)
+        c.append_kv(sid, 0, self.kv(rng, 9), self.kv(rng, 9))
+        q = rng.standard_normal((1, self.cfg.num_q_heads, self.cfg.head_dim)).astype(np.float32)
+        exact = c.decode(0, [sid], q).output
+        half = c.decode(0, [sid], q.astype(np.float16)).output
+        self.assertEqual(half.dtype, np.float16)
+        np.testing.assert_allclose(half.astype(np.float32), exact, atol=2e-3)
+        for dtype, tol in ((torch.float32, 0), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+            out = c.decode(0, [sid], torch.from_numpy(q).to(dtype)).output
+            self.assertIsInstance(out, torch.Tensor)
+            self.assertEqual(out.dtype, dtype)
+            np.testing.assert_allclose(out.float().numpy(), exact, atol=tol + 1e-6)
+        c.free_sequence(sid)
+
     def test_adding_a_pod_moves_few_keys_and_only_to_it(self):
         keys = [f"k{i}" for i in range(2000)]
         three = pagoda.HashRing(["a:1", "b:1", "c:1"])

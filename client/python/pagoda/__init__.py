@@ -446,6 +446,8 @@ class PagodaClient:
         lse = None
         if resp.HasField("lse") and resp.lse.data:
             lse = decode_tensor(resp.lse.data, FLOAT32, (rows, cfg.num_q_heads), "lse")
+        if isinstance(like, np.ndarray) and like.dtype == np.float16:
+            out = out.astype(np.float16)  # numpy in fp16, out fp16 (the wire carried fp16)
         if _tensors.is_torch(like):
             import torch
             out = _tensors.torch_from_wire(resp.output.data, resp.output.dtype, out.shape, like, FLOAT32, FLOAT16)

@@ -1,6 +1,7 @@
 """numpy and torch tensors to and from the wire, with no Python-level loop.
 
-numpy arrays go as before (any float input; float32 out). torch CPU tensors
+numpy arrays: float16 travels (and comes back) as fp16, anything else as
+fp32 (float32 out). torch CPU tensors
 (float32, float16, bfloat16) travel in their own dtype unless told otherwise:
 a bf16 tensor's bits go on the wire unchanged, and a decode whose q is a torch
 tensor answers with a torch tensor of q's dtype. torch is imported only when a

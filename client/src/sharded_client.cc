@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <optional>
 #include <random>
 
 #include <fmt/format.h>
@@ -89,6 +90,7 @@ Result<DecodeResult> ShardedClient::decode(const ShardedDecodeArgs& args) {
   auto cfg = config();
   if (!cfg.ok()) return cfg.error();
   const size_t batch = args.sequences.size();
+  if (batch == 0) return invalid_argument("sequences: expected at least one, received none");
   const auto q_row = static_cast<size_t>(cfg->q_row()), kv_row = static_cast<size_t>(cfg->kv_row());
   if (args.q.size() != batch * q_row) {
     return invalid_argument(fmt::format("q: expected {} values ({} sequences x {}), received {}", batch * q_row,
@@ -110,32 +112,38 @@ Result<DecodeResult> ShardedClient::decode(const ShardedDecodeArgs& args) {
   struct Part {
     std::vector<size_t> index;
     std::vector<float> q, k, v;
-    std::future<Result<DecodeResult>> answer;
+    DecodeArgs args;
+    Client* client = nullptr;
+    std::optional<Result<DecodeResult>> answer;
   };
   std::vector<Part> parts;
   parts.reserve(rows.size());
   for (auto& [endpoint, index] : rows) {
     Part& p = parts.emplace_back();
     p.index = index;
-    DecodeArgs a;
-    a.layer = args.layer;
-    a.return_lse = args.return_lse;
+    p.client = clients_.at(endpoint).get();
+    p.args.layer = args.layer;
+    p.args.return_lse = args.return_lse;
     for (size_t i : index) {
-      a.sequence_ids.push_back(args.sequences[i].sequence_id);
+      p.args.sequence_ids.push_back(args.sequences[i].sequence_id);
       p.q.insert(p.q.end(), args.q.begin() + i * q_row, args.q.begin() + (i + 1) * q_row);
       if (appends) {
         p.k.insert(p.k.end(), args.k.begin() + i * kv_row, args.k.begin() + (i + 1) * kv_row);
         p.v.insert(p.v.end(), args.v.begin() + i * kv_row, args.v.begin() + (i + 1) * kv_row);
       }
     }
-    Client* c = clients_.at(endpoint).get();
-    p.answer = std::async(std::launch::async, [c, a, &p]() mutable {
-      a.q = p.q;
-      a.k = p.k;
-      a.v = p.v;
-      return c->decode(a);
-    });
+    p.args.q = p.q;
+    p.args.k = p.k;
+    p.args.v = p.v;
   }
+  // Every pod's part but the last on its own thread, the last on this one: a
+  // batch on one pod starts no thread at all.
+  std::vector<std::future<Result<DecodeResult>>> others;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    others.push_back(std::async(std::launch::async, [&p = parts[i]] { return p.client->decode(p.args); }));
+  }
+  parts.back().answer = parts.back().client->decode(parts.back().args);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) parts[i].answer = others[i].get();
   DecodeResult out;
   out.output.assign(batch * q_row, 0.f);
   if (args.return_lse) out.lse.assign(batch * static_cast<size_t>(cfg->num_q_heads), 0.f);
@@ -144,7 +152,7 @@ Result<DecodeResult> ShardedClient::decode(const ShardedDecodeArgs& args) {
   std::optional<Error> first_error;
   auto it = rows.begin();
   for (Part& p : parts) {
-    auto r = p.answer.get();
+    Result<DecodeResult>& r = *p.answer;
     const std::string& endpoint = (it++)->first;
     if (!r.ok()) {
       if (!first_error) first_error = on(endpoint, r.error());

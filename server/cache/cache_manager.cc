@@ -51,11 +51,12 @@ TenantUsage CacheManager::usage(TenantId tenant) const {
   return tenant < usage_.size() ? usage_[tenant] : TenantUsage{};
 }
 
-std::vector<std::pair<std::string, TenantUsage>> CacheManager::tenant_usage() const {
+void CacheManager::for_each_tenant(
+    const std::function<void(TenantId, const TenantLimits&, const TenantUsage&)>& fn) const {
   std::lock_guard lock(mu_);
-  std::vector<std::pair<std::string, TenantUsage>> all;
-  for (size_t t = 0; t < limits_.size(); ++t) all.emplace_back(limits_[t].name, t < usage_.size() ? usage_[t] : TenantUsage{});
-  return all;
+  for (size_t t = 0; t < limits_.size(); ++t) {
+    fn(static_cast<TenantId>(t), limits_[t], t < usage_.size() ? usage_[t] : TenantUsage{});
+  }
 }
 
 TenantLimits CacheManager::limits(TenantId tenant) const {

@@ -103,8 +103,9 @@ class CacheManager {
   void set_tenant_limits(TenantId tenant, TenantLimits limits);
   TenantUsage usage(TenantId tenant) const;
   TenantLimits limits(TenantId tenant) const;
-  // Every tenant with limits set (named), with its usage: one consistent reading.
-  std::vector<std::pair<std::string, TenantUsage>> tenant_usage() const;
+  // Calls fn(tenant, limits, usage) for every tenant with limits set, under
+  // the bookkeeping lock (one consistent reading; fn must not call back in).
+  void for_each_tenant(const std::function<void(TenantId, const TenantLimits&, const TenantUsage&)>& fn) const;
 
   // Most new blocks one request may take (0: no limit beyond the free list);
   // set once before serving. A request past it is RESOURCE_EXHAUSTED naming it.

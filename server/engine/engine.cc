@@ -90,7 +90,10 @@ Engine::Engine(Backend& backend, CacheManager& cache, const EngineOptions& optio
 Engine::~Engine() { stop(); }
 
 void Engine::submit(DecodeWork* work) {
-  if (try_run_inline(work)) return;
+  if (!try_run_inline(work)) queue(work);
+}
+
+void Engine::queue(DecodeWork* work) {
   work->enqueued = EngineClock::now();
   enqueue(work->layer, Item{work, nullptr, work->enqueued});
 }

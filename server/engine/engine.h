@@ -72,8 +72,11 @@ class Engine {
   // Runs `work` on the calling thread (its `done` is called before this
   // returns true) when nothing could batch with it: its layer idle, no other
   // call arriving, and small (inline_max_token_heads). False: nothing happened
-  // to it; submit() it.
+  // to it; queue() it.
   bool try_run_inline(DecodeWork* work);
+  // Queues `work` for a worker without trying it inline (a call
+  // try_run_inline has just declined: no second look at the cache).
+  void queue(DecodeWork* work);
 
   // A Decode call has arrived and is being validated (it may submit soon):
   // batching waits for such calls, never for calls that do not exist.

@@ -281,22 +281,37 @@ void Metrics::add_auth_failure(std::string_view reason) {
   (reason == "missing" ? auth_missing_ : reason == "malformed" ? auth_malformed_ : auth_unknown_)->Increment();
 }
 
-void Metrics::add_tenant_request(uint32_t id, std::string_view name) {
+Metrics::TenantSeries& Metrics::tenant_series(uint32_t id, std::string_view name) {
+  if (id >= tenant_series_.size()) tenant_series_.resize(id + 1);
+  TenantSeries& s = tenant_series_[id];
+  if (s.blocks == nullptr) {
+    const std::map<std::string, std::string> labels{{"tenant", std::string(name)}};
+    s.blocks = &tenant_blocks_family_->Add(labels);
+    s.sequences = &tenant_sequences_family_->Add(labels);
+  }
+  return s;
+}
+
+void Metrics::add_tenant_request(uint32_t id, const std::function<std::string()>& name) {
   prometheus::Counter* counter = nullptr;
   {
     std::lock_guard lock(tenant_mutex_);
-    if (id >= tenant_requests_.size()) tenant_requests_.resize(id + 1, nullptr);
-    if (tenant_requests_[id] == nullptr) {
-      tenant_requests_[id] = &tenant_requests_family_->Add({{"tenant", std::string(name)}});
+    if (id < tenant_series_.size()) counter = tenant_series_[id].requests;
+    if (counter == nullptr) {
+      const std::string n = name();
+      TenantSeries& s = tenant_series(id, n);
+      s.requests = &tenant_requests_family_->Add({{"tenant", n}});
+      counter = s.requests;
     }
-    counter = tenant_requests_[id];
   }
   counter->Increment();
 }
 
-void Metrics::set_tenant_usage(const std::string& name, int64_t blocks, int64_t sequences) {
-  tenant_blocks_family_->Add({{"tenant", name}}).Set(static_cast<double>(blocks));
-  tenant_sequences_family_->Add({{"tenant", name}}).Set(static_cast<double>(sequences));
+void Metrics::set_tenant_usage(uint32_t id, std::string_view name, int64_t blocks, int64_t sequences) {
+  std::lock_guard lock(tenant_mutex_);
+  TenantSeries& s = tenant_series(id, name);
+  s.blocks->Set(static_cast<double>(blocks));
+  s.sequences->Set(static_cast<double>(sequences));
 }
 
 void Metrics::add_kv_saturated(int32_t layer, int64_t elements) {

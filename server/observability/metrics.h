@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -95,10 +96,12 @@ class Metrics {
   // One authenticated call of tenant `id` (named `name`), in
   // pagoda_tenant_requests_total{tenant}; tenants come from the tokens file, so
   // the label set is bounded by it.
-  void add_tenant_request(uint32_t id, std::string_view name);
-  // The blocks and sequences tenant `name` holds (pagoda_tenant_kv_blocks,
-  // pagoda_tenant_sequences).
-  void set_tenant_usage(const std::string& name, int64_t blocks, int64_t sequences);
+  // `name` is asked for only the first time a tenant is seen (its series are
+  // kept by id, so a call costs a lookup and an increment).
+  void add_tenant_request(uint32_t id, const std::function<std::string()>& name);
+  // The blocks and sequences tenant `id` (named `name`) holds
+  // (pagoda_tenant_kv_blocks, pagoda_tenant_sequences).
+  void set_tenant_usage(uint32_t id, std::string_view name, int64_t blocks, int64_t sequences);
   // One determinism re-check of a sequence: whether its bytes differed, and the
   // largest absolute element difference (0 when identical).
   void record_determinism_check(SplitMode mode, bool mismatch, double max_abs_diff);
@@ -123,8 +126,16 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* tenant_requests_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* tenant_blocks_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* tenant_sequences_family_ = nullptr;
+  struct TenantSeries {
+    prometheus::Counter* requests = nullptr;
+    prometheus::Gauge* blocks = nullptr;
+    prometheus::Gauge* sequences = nullptr;
+  };
+  // Under tenant_mutex_: tenant id's gauges, created with `name` on first use
+  // (the request counter only once a call of that tenant was authenticated).
+  TenantSeries& tenant_series(uint32_t id, std::string_view name);
   std::mutex tenant_mutex_;
-  std::vector<prometheus::Counter*> tenant_requests_;  // [tenant id], under tenant_mutex_
+  std::vector<TenantSeries> tenant_series_;  // [tenant id], under tenant_mutex_
 
   // (method, code) children, created on first use under `series_mutex_`: the full
   // cross product would publish hundreds of empty series.

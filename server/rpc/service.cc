@@ -70,7 +70,7 @@ class DecodeCall final : public EngineCall<DecodeWork> {
     work_.take_request(validated);
     work_.deadline = validated.deadline;
     work_.done = this;
-    service.engine().submit(&work_);
+    service.engine().queue(&work_);  // the handler's try_run_inline declined it
   }
 
   void work_done(const Status& status) override {
@@ -175,7 +175,7 @@ StatusOr<TenantId> DecodeAttentionService::tenant_of(const grpc::CallbackServerC
   }
   auto who = auth_.authenticate(header);
   if (auto* tenant = std::get_if<TenantId>(&who)) {
-    metrics_.add_tenant_request(*tenant, auth_.tenant_name(*tenant));
+    metrics_.add_tenant_request(*tenant, [&] { return auth_.tenant_name(*tenant); });
     return *tenant;
   }
   const auto& refusal = std::get<Authenticator::Refusal>(who);

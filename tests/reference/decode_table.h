@@ -100,24 +100,31 @@ inline std::vector<DecodeCase> decode_table() {
   return cases;
 }
 
+// Output within the error bounds of q's dtype and free of NaN; LSE within 1e-4
+// (relative beyond 1), -inf exactly where the reference has no keys.
+inline void expect_matches_reference(const std::vector<float>& out, const std::vector<float>& lse,
+                                     const ReferenceResult& want, DType q_dtype) {
+  const Bounds bound = bounds_for(q_dtype);
+  const ErrorStats e = compare(want.out, out);
+  EXPECT_FALSE(e.has_nan);
+  EXPECT_LE(e.max_abs, bound.max_abs);
+  EXPECT_LE(e.nmse, bound.nmse);
+  for (size_t i = 0; i < want.lse.size(); ++i) {
+    if (std::isinf(want.lse[i])) {
+      EXPECT_EQ(lse[i], -INFINITY) << "row " << i;
+    } else {
+      EXPECT_NEAR(lse[i], want.lse[i], 1e-4 * std::max(1.0, std::abs(want.lse[i]))) << "row " << i;
+    }
+  }
+}
+
 // Checks one decode of the table's batch (kTableLengths) against the reference:
 // error bounds of q's dtype, no NaN, LSE (-inf exactly for empty sequences),
 // chunk counts from the launch's chunk length, and zero output for length 0.
 // Decoded: any type with out, lse (fp32 vectors), splits and chunk_tokens.
 template <typename Decoded>
 void expect_table_decode(const CacheGeometry& g, const Decoded& got, const ReferenceResult& want, DType q_dtype) {
-  const Bounds bound = bounds_for(q_dtype);
-  const ErrorStats e = compare(want.out, got.out);
-  EXPECT_FALSE(e.has_nan);
-  EXPECT_LE(e.max_abs, bound.max_abs);
-  EXPECT_LE(e.nmse, bound.nmse);
-  for (size_t i = 0; i < want.lse.size(); ++i) {
-    if (std::isinf(want.lse[i])) {
-      EXPECT_EQ(got.lse[i], -INFINITY) << "row " << i;
-    } else {
-      EXPECT_NEAR(got.lse[i], want.lse[i], 1e-4 * std::max(1.0, std::abs(want.lse[i]))) << "row " << i;
-    }
-  }
+  expect_matches_reference(got.out, got.lse, want, q_dtype);
   const int32_t row = g.num_q_heads * g.head_dim;
   for (size_t b = 0; b < std::size(kTableLengths); ++b) {
     EXPECT_EQ(got.splits[b], (kTableLengths[b] + got.chunk_tokens - 1) / got.chunk_tokens) << "sequence " << b;

@@ -100,18 +100,7 @@ void expect_variants_match_reference(const std::string& backend, const VariantCa
           const auto q = f.random_queries(static_cast<int32_t>(ids.size()) * q_len, DType::kFloat32);
           const auto got = f.decode(0, ids, q, scale, SplitMode::kDeterministic, kSplit, v);
           const auto want = f.reference(0, ids, q, scale, v);
-          const Bounds bound = bounds_for(DType::kFloat32);
-          const ErrorStats e = compare(want.out, got.out);
-          EXPECT_FALSE(e.has_nan);
-          EXPECT_LE(e.max_abs, bound.max_abs);
-          EXPECT_LE(e.nmse, bound.nmse);
-          for (size_t i = 0; i < want.lse.size(); ++i) {
-            if (std::isinf(want.lse[i])) {
-              EXPECT_EQ(got.lse[i], -INFINITY) << "row " << i;
-            } else {
-              EXPECT_NEAR(got.lse[i], want.lse[i], 1e-4 * std::max(1.0, std::abs(want.lse[i]))) << "row " << i;
-            }
-          }
+          expect_matches_reference(got.out, got.lse, want, DType::kFloat32);
         }
       }
     }

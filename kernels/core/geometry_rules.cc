@@ -7,11 +7,6 @@
 
 namespace pagoda {
 
-bool supported_head_dim(int32_t head_dim) {
-  return std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), head_dim) !=
-         std::end(kSupportedHeadDims);
-}
-
 Status validate_geometry(const CacheGeometry& g) {
   const struct {
     const char* name;
@@ -26,11 +21,10 @@ Status validate_geometry(const CacheGeometry& g) {
                            g.num_kv_heads, g.num_q_heads);
   }
   if (!supported_head_dim(g.head_dim)) {
-    return InvalidArgument("head_dim: expected 64, 128 or 256, received {}", g.head_dim);
+    return InvalidArgument("head_dim: expected {}, received {}", head_dim_list(), g.head_dim);
   }
   if (!known_dtype(g.dtype)) {
-    return InvalidArgument("cache dtype: expected fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2, received {}",
-                           static_cast<int>(g.dtype));
+    return InvalidArgument("cache dtype: expected {}, received {}", cache_dtype_list(), static_cast<int>(g.dtype));
   }
   return Status::Ok();
 }

@@ -14,7 +14,7 @@
 
 #include "cpu/decode_cpu.h"
 #include "pagoda/backend.h"
-#include "pagoda/key_ranges.h"
+#include "pagoda/decode_plan.h"
 
 namespace pagoda::cpu {
 
@@ -63,22 +63,16 @@ class CpuBackend final : public Backend {
   std::string device_name_;
 };
 
-// One work item of a launch: a chunk of one sequence for one KV head, and the
-// positions and query heads of that KV head it computes.
-struct WorkItem {
-  int32_t seq;
+// One task of a launch: the rows of one plan item (a chunk and the sequences
+// reading it) for one KV head, at most kMaxTaskRows of them: positions
+// [first_position, first_position + positions) of the launch's position list,
+// query heads [head_begin, head_begin + heads) of the KV head's group.
+struct CpuTask {
+  int32_t item;
   int32_t kv_head;
-  int32_t chunk;
-  int32_t position_begin;
-  int32_t position_end;
-  int32_t head_begin;  // within the KV head's group
-  int32_t head_end;
-};
-
-// Where a sequence's partial states start and which chunks it launched.
-struct SequencePartials {
-  ChunkSpan chunks;
-  int64_t first_partial;  // index of (its first chunk, row 0, head 0)
+  int32_t first_position;
+  int32_t positions;
+  int32_t heads;
 };
 
 // A 64-byte aligned float buffer that only grows.
@@ -100,12 +94,18 @@ class CpuStream final : public BackendStream {
  private:
   // The calling thread's kernel scratch of at least `floats` floats.
   float* thread_scratch(int64_t floats);
+  // The steps of a launch after its plan: q to fp32 and scaled, the tasks, then
+  // (on the pool) every task's partial states and every row's merge.
+  void load_q(const DecodeLaunch& launch);
+  void make_tasks();
+  void run_task(const CpuTask& task, const DecodeLaunch& launch, float* scratch);
+  void merge_row(int64_t out_row, const DecodeLaunch& launch, DecodeOutputs& out) const;
 
   CpuBackend& backend_;
   // A launch's scratch, reused: no allocation per call once warm.
-  std::vector<WorkItem> items_;
-  std::vector<SequencePartials> seqs_;   // [batch]
-  std::vector<KeyRange> ranges_;         // [rows] keys each row attends
+  DecodePlan plan_;
+  std::vector<CpuTask> tasks_;
+  std::vector<TaskPosition> positions_;  // the tasks' positions, task by task
   std::vector<float> q32_;               // [rows, num_q_heads, head_dim] scaled
   std::vector<float> stats_;             // [2][partial rows]: m, then l
   std::vector<float> accs_;              // [partial rows, head_dim]

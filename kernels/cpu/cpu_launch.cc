@@ -1,6 +1,7 @@
-// One CPU decode launch: the batch's work items (sequence, KV head, chunk, row
-// group), their partial states on the arena's threads, then the merge of each
-// (row, query head) over its chunks in order.
+// One CPU decode launch, executing the plan of pagoda/decode_plan.h: each plan
+// item (a chunk and the sequences reading it) becomes tasks of at most
+// kMaxTaskRows rows per KV head, their partial states run on the arena's
+// threads, then each (row, query head) merges its chunks in order.
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 
@@ -12,8 +13,8 @@
 #include "cpu/convert_simd.h"
 #include "cpu/cpu_backend_impl.h"
 #include "cpu/decode_cpu.h"
-#include "pagoda/key_ranges.h"
 #include "pagoda/softmax_state.h"
+#include "pagoda/vocabulary.h"
 
 namespace pagoda::cpu {
 namespace {
@@ -46,152 +47,146 @@ float* CpuStream::thread_scratch(int64_t floats) {
   return s.data.get();
 }
 
+// q goes to fp32 once, times the plan's factor (and the fp8 read factor of
+// decode_cpu.h: e4m3 is read as 2^-8 of its value).
+void CpuStream::load_q(const DecodeLaunch& launch) {
+  const CacheGeometry& g = backend_.geometry();
+  const int64_t q_elems = static_cast<int64_t>(launch.total_rows()) * g.num_q_heads * g.head_dim;
+  q32_.resize(static_cast<size_t>(q_elems));
+  to_float(launch.q, launch.q_dtype, q32_.data(), q_elems);
+  const float qscale = plan_.constants().q_scale * fp8_read_factor(g.dtype);
+  for (float& x : q32_) x *= qscale;
+}
+
+// Every item's rows per KV head, in tasks of at most kMaxTaskRows rows: all
+// query heads of the group (split when the group alone is larger) for as many
+// positions as fit, positions taken member by member.
+void CpuStream::make_tasks() {
+  const CacheGeometry& g = backend_.geometry();
+  const int32_t group = g.group_size();
+  const int32_t heads_per_task = std::min(group, kMaxTaskRows);
+  const int32_t positions_per_task = std::max(1, kMaxTaskRows / heads_per_task);
+  const std::span<const PlanItem> items = plan_.items();
+  const std::span<const PlanSequence> seqs = plan_.sequences();
+  const std::span<const KeySpan> keys = plan_.row_keys();
+  tasks_.clear();
+  positions_.clear();
+  for (size_t it = 0; it < items.size(); ++it) {
+    const PlanItem& item = items[it];
+    for (int32_t kv_head = 0; kv_head < g.num_kv_heads; ++kv_head) {
+      for (int32_t g0 = 0; g0 < group; g0 += heads_per_task) {
+        const int32_t q_head = kv_head * group + g0;
+        int32_t in_task = positions_per_task;
+        for (int32_t m = item.first_member; m < item.end_member; ++m) {
+          const int32_t seq = plan_.members()[static_cast<size_t>(m)];
+          const PlanSequence& s = seqs[static_cast<size_t>(seq)];
+          for (int32_t i = 0; i < s.rows; ++i) {
+            if (in_task == positions_per_task) {
+              tasks_.push_back({static_cast<int32_t>(it), kv_head, static_cast<int32_t>(positions_.size()), 0,
+                                std::min(group - g0, heads_per_task)});
+              in_task = 0;
+            }
+            const int32_t row = s.first_row + i;
+            const int64_t q_offset = (static_cast<int64_t>(row) * g.num_q_heads + q_head) * g.head_dim;
+            positions_.push_back({q32_.data() + q_offset, keys[static_cast<size_t>(row)],
+                                  plan_.partial_index(seq, item.chunk, i, q_head)});
+            ++tasks_.back().positions;
+            ++in_task;
+          }
+        }
+      }
+    }
+  }
+}
+
+void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float* scratch) {
+  const CacheGeometry& g = backend_.geometry();
+  const PlanItem& item = plan_.items()[static_cast<size_t>(task.item)];
+  const int32_t leader = plan_.members()[static_cast<size_t>(item.first_member)];
+  const ChunkRange range = chunk_range(launch.tables.lengths[leader], plan_.chunk_tokens(), item.chunk);
+  PartialTask t;
+  t.geometry = &g;
+  t.k_layer = backend_.k_at(launch.layer, 0, 0, 0);
+  t.v_layer = backend_.v_at(launch.layer, 0, 0, 0);
+  t.blocks = launch.tables.block_ids + launch.tables.block_indptr[leader];
+  t.kv_head = task.kv_head;
+  t.chunk_begin = range.begin;
+  t.chunk_end = range.end;
+  t.positions = task.positions;
+  t.heads = task.heads;
+  t.position = positions_.data() + task.first_position;
+  t.soft_cap = plan_.constants().soft_cap;
+  t.m = stats_.data();
+  t.l = stats_.data() + plan_.partial_rows();
+  t.acc = accs_.data();
+  t.scratch = scratch;
+  compute_partial(t);
+}
+
+// One (row, query head): its chunks' states in chunk order, the sink (when
+// given) first: one more state, m = sink * log2(e), l = 1, acc = 0.
+void CpuStream::merge_row(int64_t out_row, const DecodeLaunch& launch, DecodeOutputs& out) const {
+  const CacheGeometry& g = backend_.geometry();
+  const int64_t d = g.head_dim;
+  const int32_t heads = g.num_q_heads;
+  static_assert(kMaxHeadDim % 16 == 0, "the accumulator is whole 64-byte lines");
+  alignas(64) float acc[kMaxHeadDim];
+  const auto row = static_cast<int32_t>(out_row / heads);
+  const auto qh = static_cast<int32_t>(out_row % heads);
+  const int32_t b = plan_.row_sequence()[static_cast<size_t>(row)];
+  const PlanSequence& s = plan_.sequences()[static_cast<size_t>(b)];
+  SoftmaxStats<float> st;
+  std::fill(acc, acc + d, 0.f);
+  if (plan_.constants().has_sinks) st = {plan_.sinks_log2()[static_cast<size_t>(qh)], 1.f};
+  const int64_t partial_rows = plan_.partial_rows();
+  for (int32_t c = s.chunks.first; c < s.chunks.end; ++c) {
+    const int64_t p = plan_.partial_index(b, c, row - s.first_row, qh);
+    const SoftmaxStats<float> part{stats_[static_cast<size_t>(p)], stats_[static_cast<size_t>(partial_rows + p)]};
+    merge_into(st, acc, part, accs_.data() + p * d, static_cast<int>(d));
+  }
+  const float inv = inverse_sum(st.l) * plan_.constants().out_scale * fp8_read_factor(g.dtype);
+  for (int64_t e = 0; e < d; ++e) acc[e] *= inv;
+  const int64_t out_row_bytes = d * static_cast<int64_t>(dtype_size(launch.q_dtype));
+  from_float(acc, static_cast<std::byte*>(out.out) + out_row * out_row_bytes, launch.q_dtype, d);
+  if (out.lse) out.lse[out_row] = natural_lse(st.m, st.l);
+}
+
 Status CpuStream::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
   const CacheGeometry& g = backend_.geometry();
   assert(launch.layer >= 0 && launch.layer < g.num_layers);
   assert(launch.scale > 0.f && std::isfinite(launch.scale));
   const auto t0 = Clock::now();
-  const BatchBlockTables& tables = launch.tables;
-  const int32_t batch = tables.batch;
-  const int32_t group = g.group_size();
-  const int64_t d = g.head_dim;
-  const int32_t heads = g.num_q_heads;
-
-  int64_t total_tokens = 0;
-  int32_t max_length = 0;
-  for (int32_t b = 0; b < batch; ++b) {
-    total_tokens += tables.lengths[b];
-    max_length = std::max(max_length, tables.lengths[b]);
-  }
   const int32_t threads = backend_.threads();
-  const int32_t chunk_tokens = choose_chunk_tokens({launch.mode, launch.split_tokens, g.block_size, total_tokens,
-                                                    max_length, g.num_kv_heads, threads});
-  out.chunk_tokens = chunk_tokens;
-
-  // Row groups: every query head of a KV head for as many positions as fit a task.
-  const int32_t heads_per_task = std::min(group, kMaxTaskRows);
-  const int32_t positions_per_task = std::max(1, kMaxTaskRows / heads_per_task);
-
-  // Work items and where each sequence's partials live: per chunk, a block of
-  // [rows of the sequence, num_q_heads] partial states.
-  items_.clear();
-  seqs_.resize(static_cast<size_t>(batch));
-  int64_t partial_rows = 0;
-  for (int32_t b = 0; b < batch; ++b) {
-    const int32_t n = launch.rows_of(b);
-    assert(n <= tables.lengths[b] || (n == 1 && tables.lengths[b] == 0));
-    const ChunkSpan chunks = chunks_needed(tables.lengths[b], n, launch.sliding_window, chunk_tokens);
-    seqs_[static_cast<size_t>(b)] = {chunks, partial_rows};
-    if (out.splits) out.splits[b] = chunks.count();
-    for (int32_t c = chunks.first; c < chunks.end; ++c)
-      for (int32_t h = 0; h < g.num_kv_heads; ++h)
-        for (int32_t p0 = 0; p0 < n; p0 += positions_per_task)
-          for (int32_t g0 = 0; g0 < group; g0 += heads_per_task)
-            items_.push_back({b, h, c, p0, std::min(n, p0 + positions_per_task), g0,
-                              std::min(group, g0 + heads_per_task)});
-    partial_rows += static_cast<int64_t>(chunks.count()) * n * heads;
+  plan_.build(launch, g, backend_.kv_scale(launch.layer), {threads, launch.share_chunks});
+  out.chunk_tokens = plan_.chunk_tokens();
+  if (out.splits) {
+    for (int32_t b = 0; b < launch.tables.batch; ++b) out.splits[b] = plan_.sequences()[static_cast<size_t>(b)].chunks.count();
   }
-  ranges_.resize(static_cast<size_t>(launch.total_rows()));
-  for (int32_t b = 0; b < batch; ++b) {
-    const int32_t n = launch.rows_of(b);
-    for (int32_t i = 0; i < n; ++i) {
-      const KeySpan k = row_keys(tables.lengths[b], n, i, launch.sliding_window);
-      ranges_[static_cast<size_t>(launch.first_row(b) + i)] = {static_cast<int32_t>(k.begin),
-                                                               static_cast<int32_t>(k.end)};
-    }
-  }
+  out.kv_bytes_read = plan_.read_tokens() * g.token_kv_bytes();
+  out.kv_bytes_shared = plan_.shared_tokens() * g.token_kv_bytes();
 
-  // q goes to fp32 once, scaled by scale * log2(e) (scores in base 2), or by
-  // scale alone when a soft-cap applies its tanh first (the kernel multiplies
-  // by log2(e) after it).
-  const int64_t q_elems = static_cast<int64_t>(launch.total_rows()) * heads * d;
-  q32_.resize(static_cast<size_t>(q_elems));
-  to_float(launch.q, launch.q_dtype, q32_.data(), q_elems);
-  // The layer's K scale (and an fp8 read factor) is folded in here once, the V
-  // scale into the merge's 1 / l: read = stored * scale costs nothing per element.
-  const KvScale kv = backend_.kv_scale(launch.layer);
-  const float k_factor = kv.k * fp8_read_factor(g.dtype);
-  const float v_factor = kv.v * fp8_read_factor(g.dtype);
-  const float qscale = (launch.soft_cap > 0.f ? launch.scale : scale_log2(launch.scale)) * k_factor;
-  for (float& x : q32_) x *= qscale;
-
-  stats_.resize(static_cast<size_t>(partial_rows) * 2);
-  accs_.resize(static_cast<size_t>(partial_rows * d));
-  const std::byte* k_layer = backend_.k_at(launch.layer, 0, 0, 0);
-  const std::byte* v_layer = backend_.v_at(launch.layer, 0, 0, 0);
+  load_q(launch);
+  make_tasks();
+  stats_.resize(static_cast<size_t>(plan_.partial_rows()) * 2);
+  accs_.resize(static_cast<size_t>(plan_.partial_rows() * g.head_dim));
   const int64_t scratch_floats = partial_scratch_floats(kMaxTaskRows, g.head_dim);
 
-  const bool parallel = threads > 1 && total_tokens * g.num_kv_heads >= kParallelMinTokenHeads;
+  int64_t attended = 0;
+  for (int32_t b = 0; b < launch.tables.batch; ++b) attended += launch.tables.lengths[b];
+  const bool parallel = threads > 1 && attended * g.num_kv_heads >= kParallelMinTokenHeads;
   auto partials = [&](size_t begin, size_t end) {
     float* scratch = thread_scratch(scratch_floats);
-    for (size_t i = begin; i != end; ++i) {
-      const WorkItem& it = items_[i];
-      const SequencePartials& sp = seqs_[static_cast<size_t>(it.seq)];
-      const int32_t n = launch.rows_of(it.seq);
-      const int32_t first_row = launch.first_row(it.seq);
-      const ChunkRange range = chunk_range(tables.lengths[it.seq], chunk_tokens, it.chunk);
-      PartialTask task;
-      task.geometry = &g;
-      task.k_layer = k_layer;
-      task.v_layer = v_layer;
-      task.blocks = tables.block_ids + tables.block_indptr[it.seq];
-      task.kv_head = it.kv_head;
-      task.chunk_begin = range.begin;
-      task.chunk_end = range.end;
-      task.positions = it.position_end - it.position_begin;
-      task.heads = it.head_end - it.head_begin;
-      task.ranges = ranges_.data() + first_row + it.position_begin;
-      const int32_t q_head = it.kv_head * group + it.head_begin;
-      task.q = q32_.data() + ((static_cast<int64_t>(first_row) + it.position_begin) * heads + q_head) * d;
-      task.q_position_stride = static_cast<int64_t>(heads) * d;
-      task.soft_cap = launch.soft_cap;
-      const int64_t row0 = sp.first_partial + (static_cast<int64_t>(it.chunk - sp.chunks.first) * n +
-                                               it.position_begin) * heads + q_head;
-      task.out_position_stride = heads;
-      task.m = stats_.data() + row0;
-      task.l = stats_.data() + partial_rows + row0;
-      task.acc = accs_.data() + row0 * d;
-      task.scratch = scratch;
-      compute_partial(task);
-    }
+    for (size_t i = begin; i != end; ++i) run_task(tasks_[i], launch, scratch);
+  };
+  auto merges = [&](size_t begin, size_t end) {
+    for (size_t r = begin; r != end; ++r) merge_row(static_cast<int64_t>(r), launch, out);
   };
   Clock::time_point t_merge;
-
-  // Merge each (row, query head) over its sequence's chunks in order, the sink
-  // (when given) first: one more state, m = sink * log2(e), l = 1, acc = 0.
-  const int64_t out_row_bytes = d * static_cast<int64_t>(dtype_size(launch.q_dtype));
-  auto merges = [&](size_t begin, size_t end) {
-    alignas(64) float acc[256];  // head_dim <= 256 (geometry_rules.h)
-    for (size_t out_row = begin; out_row != end; ++out_row) {
-      const auto row = static_cast<int32_t>(out_row / static_cast<size_t>(heads));
-      const auto qh = static_cast<int32_t>(out_row % static_cast<size_t>(heads));
-      const int32_t b = launch.q_indptr
-                            ? static_cast<int32_t>(std::upper_bound(launch.q_indptr, launch.q_indptr + batch + 1, row) -
-                                                   launch.q_indptr) - 1
-                            : row;
-      const int32_t i = row - launch.first_row(b);
-      const int32_t n = launch.rows_of(b);
-      const SequencePartials& sp = seqs_[static_cast<size_t>(b)];
-      SoftmaxStats<float> s;
-      std::fill(acc, acc + d, 0.f);
-      if (launch.sinks != nullptr) s = {static_cast<float>(launch.sinks[qh] * kLog2e), 1.f};
-      for (int32_t c = 0; c < sp.chunks.count(); ++c) {
-        const int64_t p = sp.first_partial + (static_cast<int64_t>(c) * n + i) * heads + qh;
-        const SoftmaxStats<float> part{stats_[static_cast<size_t>(p)], stats_[static_cast<size_t>(partial_rows + p)]};
-        merge_into(s, acc, part, accs_.data() + p * d, static_cast<int>(d));
-      }
-      const float inv = inverse_sum(s.l) * v_factor;
-      for (int64_t e = 0; e < d; ++e) acc[e] *= inv;
-      from_float(acc, static_cast<std::byte*>(out.out) + static_cast<int64_t>(out_row) * out_row_bytes,
-                 launch.q_dtype, d);
-      if (out.lse) out.lse[out_row] = natural_lse(s.m, s.l);
-    }
-  };
   // Both phases inside one arena entry: the workers stay between them.
   auto both = [&] {
-    run_range(parallel, items_.size(), 1, partials);
+    run_range(parallel, tasks_.size(), 1, partials);
     t_merge = Clock::now();
-    run_range(parallel, static_cast<size_t>(launch.total_rows()) * heads, 8, merges);
+    run_range(parallel, static_cast<size_t>(launch.total_rows()) * g.num_q_heads, 8, merges);
   };
   if (parallel) {
     backend_.arena().execute(both);

@@ -17,6 +17,7 @@
 #include "cpu/decode_cpu.h"
 #include "cpu/decode_tiles.h"
 #include "pagoda/softmax_state.h"
+#include "pagoda/vocabulary.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace pagoda::cpu::HWY_NAMESPACE {
@@ -348,7 +349,7 @@ void partial_impl(const PartialTask& t) {
   float* tile = sub_acc + static_cast<int64_t>(rows) * kD;
 
   // Row r = (position, head) of the task writes its state at out(r).
-  auto out = [&](int32_t r) { return r / t.heads * t.out_position_stride + r % t.heads; };
+  auto out = [&](int32_t r) { return t.position[r / t.heads].partial + r % t.heads; };
   for (int32_t r = 0; r < rows; ++r) {
     t.m[out(r)] = neg_inf<float>();
     t.l[out(r)] = 0.f;
@@ -394,7 +395,7 @@ void partial_impl(const PartialTask& t) {
         constexpr int kRows = decltype(block)::value;
         for (int j = 0; j < kRows; ++j) {
           const int32_t r = r0 + j;
-          q_rows[j] = t.q + r / t.heads * t.q_position_stride + r % t.heads * kD;
+          q_rows[j] = t.position[r / t.heads].q + r % t.heads * kD;
           outs[j] = scores + static_cast<int64_t>(r) * kSubBlockTokens + (pos - base);
         }
         if (direct_k) {
@@ -479,14 +480,12 @@ void partial_for_dtype(const PartialTask& t) {
   }
 }
 
-// One flat switch over head_dim; the geometry was validated (geometry_rules.h).
+// One instance per head dim of the vocabulary; the geometry was validated
+// (geometry_rules.h), so the fallback is unreachable.
 void ComputePartial(const PartialTask& t) {
-  switch (t.geometry->head_dim) {
-    case 64: return partial_for_dtype<64>(t);
-    case 128: return partial_for_dtype<128>(t);
-    case 256: return partial_for_dtype<256>(t);
-    default: HWY_ABORT("head_dim %d reached the CPU kernel unvalidated", t.geometry->head_dim);
-  }
+  dispatch_head_dim(
+      t.geometry->head_dim, [&](auto d) { partial_for_dtype<decltype(d)::value>(t); },
+      [&] { HWY_ABORT("head_dim %d reached the CPU kernel unvalidated", t.geometry->head_dim); });
 }
 
 // Independent FMA chains in registers, enough to cover the FMA latency on two

@@ -21,16 +21,11 @@
 #include <string>
 
 #include "pagoda/dtype.h"
+#include "pagoda/key_ranges.h"
 #include "pagoda/paged_kv.h"
 #include "pagoda/status.h"
 
 namespace pagoda::cpu {
-
-// Keys [begin, end) one query position attends (absolute token positions).
-struct KeyRange {
-  int32_t begin = 0;
-  int32_t end = 0;
-};
 
 // Cache elements of the fp8 dtypes as the kernel's element types: one byte of
 // bits each (Highway has no fp8 type), widened in registers by load_f32.
@@ -46,31 +41,36 @@ struct Fp8E5M2Bits {
 // 2^8 into the K and V scales.
 inline float fp8_read_factor(DType t) { return t == DType::kFloat8E4M3 ? 256.f : 1.f; }
 
+// One query position of a task (a query row of some sequence): its q, its keys
+// and where its partial states go. The task's heads follow each other.
+struct TaskPosition {
+  const float* q = nullptr;  // q of (this position, the task's first head), fp32, scaled; heads head_dim apart
+  KeySpan keys;              // keys it attends, absolute positions
+  int64_t partial = 0;       // state index of (this position, the task's first head); heads follow
+};
+
 struct PartialTask {
   const CacheGeometry* geometry = nullptr;
   const void* k_layer = nullptr;      // K pool at this layer: [num_blocks][kv_heads][block_size][head_dim]
   const void* v_layer = nullptr;      // V pool at this layer, same layout
-  const int32_t* blocks = nullptr;    // the sequence's block table
+  const int32_t* blocks = nullptr;    // a block table holding the chunk (every position's: they are equal there)
   int32_t kv_head = 0;
   int64_t chunk_begin = 0;            // first position of the chunk (a multiple of kSubBlockTokens)
   int64_t chunk_end = 0;              // one past its last position
 
-  // Rows: positions x heads, position-major. Position p (0 <= p < positions)
-  // holds rows [p * heads, (p + 1) * heads) and attends keys ranges[p].
+  // Rows: positions x heads, position-major: row (p, h) is query head h of
+  // position p. Positions may come from several sequences (a shared chunk).
   int32_t positions = 1;
   int32_t heads = 1;
-  const KeyRange* ranges = nullptr;   // [positions]
-  const float* q = nullptr;           // row (p, h) at q + p * q_position_stride + h * head_dim, fp32, scaled
-  int64_t q_position_stride = 0;      // elements between positions' rows
+  const TaskPosition* position = nullptr;  // [positions]
   // 0: q is scaled by scale * log2(e) and scores are used as they are.
   // c > 0: q is scaled by scale, and each score s becomes c * tanh(s / c) * log2(e).
   float soft_cap = 0.f;
 
-  // Out, row (p, h) at index p * out_position_stride + h:
+  // Out, row (p, h) at index position[p].partial + h:
   float* m = nullptr;                 // running max, base 2 (-inf: no key)
   float* l = nullptr;                 // sum of 2^(s - m)
   float* acc = nullptr;               // [.., head_dim] sum of 2^(s - m) * v
-  int64_t out_position_stride = 0;
   float* scratch = nullptr;           // [partial_scratch_floats(rows, head_dim)], 64-byte aligned
 };
 

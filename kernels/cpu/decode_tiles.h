@@ -54,9 +54,10 @@ class ReadPlan {
     begin_ = t.chunk_end;
     end_ = t.chunk_begin;
     for (int32_t p = 0; p < t.positions; ++p) {
-      if (t.ranges[p].begin >= t.ranges[p].end) continue;
-      begin_ = std::min<int64_t>(begin_, t.ranges[p].begin);
-      end_ = std::max<int64_t>(end_, t.ranges[p].end);
+      const KeySpan& k = t.position[p].keys;
+      if (k.begin >= k.end) continue;
+      begin_ = std::min(begin_, k.begin);
+      end_ = std::max(end_, k.end);
     }
     begin_ = std::max(begin_, t.chunk_begin);
     end_ = std::min(end_, t.chunk_end);
@@ -74,7 +75,8 @@ class ReadPlan {
   // Position p's keys inside sub-block sb (begin >= end when it has none).
   Span keys_of(int32_t p, int64_t sb) const {
     const Span s = sub_block(sb);
-    return {std::max<int64_t>(s.begin, t_.ranges[p].begin), std::min<int64_t>(s.end, t_.ranges[p].end)};
+    const KeySpan& k = t_.position[p].keys;
+    return {std::max(s.begin, k.begin), std::min(s.end, k.end)};
   }
 
  private:

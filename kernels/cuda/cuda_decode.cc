@@ -10,7 +10,6 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_device_backend.h"
-#include "cuda/work_list.h"
 #include "pagoda/softmax_state.h"
 
 namespace pagoda::cuda {
@@ -19,16 +18,18 @@ namespace {
 // Byte offsets of the decode inputs packed into one buffer.
 struct InputLayout {
   size_t q = 0;
-  size_t block_indptr = 0;  // [batch + 1]
-  size_t block_ids = 0;     // [block_indptr[batch]]
-  size_t lengths = 0;       // [batch]
-  size_t q_indptr = 0;      // [batch + 1]
-  size_t row_seq = 0;       // [rows]
-  size_t item_indptr = 0;   // [batch + 1]
-  size_t item_seq = 0;      // [items]
-  size_t item_chunk = 0;    // [items]
-  size_t item_partial = 0;  // [items]
-  size_t sinks = 0;         // [num_q_heads]
+  size_t block_indptr = 0;     // [batch + 1]
+  size_t block_ids = 0;        // [block_indptr[batch]]
+  size_t lengths = 0;          // [batch]
+  size_t q_indptr = 0;         // [batch + 1]
+  size_t row_seq = 0;          // [rows]
+  size_t item_chunk = 0;       // [items]
+  size_t item_members = 0;     // [items + 1]
+  size_t members = 0;          // [members]
+  size_t seq_first_chunk = 0;  // [batch]
+  size_t seq_chunks = 0;       // [batch]
+  size_t seq_partial = 0;      // [batch]
+  size_t sinks = 0;            // [num_q_heads]
   size_t total = 0;
 
   InputLayout(const DecodeShape& s) {
@@ -40,11 +41,13 @@ struct InputLayout {
     lengths = align_up(block_ids + static_cast<size_t>(s.block_ids) * ints);
     q_indptr = align_up(lengths + batch * ints);
     row_seq = align_up(q_indptr + (batch + 1) * ints);
-    item_indptr = align_up(row_seq + static_cast<size_t>(s.rows) * ints);
-    item_seq = align_up(item_indptr + (batch + 1) * ints);
-    item_chunk = align_up(item_seq + items * ints);
-    item_partial = align_up(item_chunk + items * ints);
-    sinks = align_up(item_partial + items * ints);
+    item_chunk = align_up(row_seq + static_cast<size_t>(s.rows) * ints);
+    item_members = align_up(item_chunk + items * ints);
+    members = align_up(item_members + (items + 1) * ints);
+    seq_first_chunk = align_up(members + static_cast<size_t>(s.members) * ints);
+    seq_chunks = align_up(seq_first_chunk + batch * ints);
+    seq_partial = align_up(seq_chunks + batch * ints);
+    sinks = align_up(seq_partial + batch * ints);
     total = align_up(sinks + static_cast<size_t>(s.num_q_heads) * sizeof(float));
   }
 };
@@ -89,6 +92,42 @@ double elapsed_seconds(cudaEvent_t from, cudaEvent_t to, Status* status) {
     *status = cuda_error_status(err, "cudaEventElapsedTime", __FILE__, __LINE__);
   }
   return ms * 1e-3;
+}
+
+// The plan's arrays and the launch's tables, packed into pinned memory in the
+// layout `in` gives (one copy in).
+void stage_inputs(const DecodePlan& plan, const DecodeLaunch& launch, const DecodeShape& shape, const InputLayout& in,
+                  unsigned char* host) {
+  const BatchBlockTables& t = launch.tables;
+  const int32_t batch = t.batch;
+  std::memcpy(host + in.q, launch.q, shape.q_bytes);
+  std::memcpy(host + in.block_indptr, t.block_indptr, (batch + 1) * sizeof(int32_t));
+  if (shape.block_ids > 0) std::memcpy(host + in.block_ids, t.block_ids, shape.block_ids * sizeof(int32_t));
+  std::memcpy(host + in.lengths, t.lengths, batch * sizeof(int32_t));
+  int32_t* q_indptr = at<int32_t>(host, in.q_indptr);
+  for (int32_t b = 0; b <= batch; ++b) q_indptr[b] = b < batch ? launch.first_row(b) : shape.rows;
+  std::memcpy(at<int32_t>(host, in.row_seq), plan.row_sequence().data(), shape.rows * sizeof(int32_t));
+  int32_t* item_chunk = at<int32_t>(host, in.item_chunk);
+  int32_t* item_members = at<int32_t>(host, in.item_members);
+  const std::span<const PlanItem> items = plan.items();
+  for (size_t i = 0; i < items.size(); ++i) {
+    item_chunk[i] = items[i].chunk;
+    item_members[i] = items[i].first_member;
+  }
+  item_members[items.size()] = static_cast<int32_t>(plan.members().size());
+  std::memcpy(at<int32_t>(host, in.members), plan.members().data(), plan.members().size() * sizeof(int32_t));
+  int32_t* first_chunk = at<int32_t>(host, in.seq_first_chunk);
+  int32_t* chunks = at<int32_t>(host, in.seq_chunks);
+  int32_t* partial = at<int32_t>(host, in.seq_partial);
+  for (int32_t b = 0; b < batch; ++b) {
+    const PlanSequence& s = plan.sequences()[static_cast<size_t>(b)];
+    first_chunk[b] = s.chunks.first;
+    chunks[b] = s.chunks.count();
+    partial[b] = static_cast<int32_t>(s.first_partial);  // below 2^31: decode checked the total
+  }
+  if (plan.constants().has_sinks) {
+    std::memcpy(at<float>(host, in.sinks), plan.sinks_log2().data(), plan.sinks_log2().size() * sizeof(float));
+  }
 }
 
 }  // namespace
@@ -188,24 +227,30 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   assert(launch.layer >= 0 && launch.layer < g.num_layers);
   assert(std::isfinite(launch.scale) && launch.scale > 0.f && launch.split_tokens > 0);
   assert(batch == 0 || (launch.q != nullptr && outputs.out != nullptr));
-  const int32_t chunk = launch_chunk_tokens(launch, g, backend_.num_workers());
+  plan_.build(launch, g, backend_.kv_scale(launch.layer), {backend_.num_workers(), launch.share_chunks});
+  const int32_t chunk = plan_.chunk_tokens();
   outputs.chunk_tokens = chunk;
   outputs.attention_seconds = outputs.merge_seconds = outputs.transfer_seconds = 0;
+  outputs.kv_bytes_read = plan_.read_tokens() * g.token_kv_bytes();
+  outputs.kv_bytes_shared = plan_.shared_tokens() * g.token_kv_bytes();
+  if (outputs.splits != nullptr) {
+    for (int32_t b = 0; b < batch; ++b) outputs.splits[b] = plan_.sequences()[static_cast<size_t>(b)].chunks.count();
+  }
 
   DecodeShape shape;
   shape.batch = batch;
   shape.rows = launch.total_rows();
   shape.num_q_heads = g.num_q_heads;
   shape.block_ids = batch > 0 ? t.block_indptr[batch] : 0;
-  const WorkListSize work = size_work_list(launch, g.num_q_heads, chunk);
-  shape.items = work.items;
-  shape.partial_rows = work.partial_rows;
+  shape.items = static_cast<int64_t>(plan_.items().size());
+  shape.members = static_cast<int64_t>(plan_.members().size());
+  shape.partial_rows = plan_.partial_rows();
   constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
-  if (work.items > kMaxIndex || work.partial_rows > kMaxIndex) {
+  if (shape.items > kMaxIndex || shape.partial_rows > kMaxIndex) {
     return InvalidArgument(
         "split_tokens: expected a chunk length giving < 2^31 work items and partial states, received {} "
         "({} items, {} partial states)",
-        chunk, work.items, work.partial_rows);
+        chunk, shape.items, shape.partial_rows);
   }
   if (batch == 0) return Status::Ok();
   PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
@@ -216,38 +261,13 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   const InputLayout in(shape);
   const PartialLayout part(shape, g);
   const OutputLayout out(shape, g, q_elem);
-
-  // Stage the inputs; the row map and the work list are written straight into
-  // pinned memory.
-  unsigned char* host = staging_in_.data();
-  std::memcpy(host + in.q, launch.q, shape.q_bytes);
-  std::memcpy(host + in.block_indptr, t.block_indptr, (batch + 1) * sizeof(int32_t));
-  if (shape.block_ids > 0) std::memcpy(host + in.block_ids, t.block_ids, shape.block_ids * sizeof(int32_t));
-  std::memcpy(host + in.lengths, t.lengths, batch * sizeof(int32_t));
-  int32_t* q_indptr = at<int32_t>(host, in.q_indptr);
-  int32_t* row_seq = at<int32_t>(host, in.row_seq);
-  for (int32_t b = 0; b <= batch; ++b) q_indptr[b] = b < batch ? launch.first_row(b) : shape.rows;
-  for (int32_t b = 0; b < batch; ++b) {
-    for (int32_t r = q_indptr[b]; r < q_indptr[b + 1]; ++r) row_seq[r] = b;
-  }
-  const auto items = static_cast<size_t>(shape.items);
-  WorkListArrays arrays;
-  arrays.item_seq = {at<int32_t>(host, in.item_seq), items};
-  arrays.item_chunk = {at<int32_t>(host, in.item_chunk), items};
-  arrays.item_partial = {at<int32_t>(host, in.item_partial), items};
-  arrays.item_indptr = {at<int32_t>(host, in.item_indptr), static_cast<size_t>(batch) + 1};
-  if (outputs.splits != nullptr) arrays.splits = {outputs.splits, static_cast<size_t>(batch)};
-  fill_work_list(launch, g.num_q_heads, chunk, arrays);
-  // Sinks in base 2, rounded as the CPU backend rounds them.
-  float* sinks_log2 = at<float>(host, in.sinks);
-  if (launch.sinks != nullptr) {
-    for (int32_t h = 0; h < g.num_q_heads; ++h) sinks_log2[h] = static_cast<float>(launch.sinks[h] * kLog2e);
-  }
+  stage_inputs(plan_, launch, shape, in, staging_in_.data());
 
   void* dev = device_in_.data();
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_copy_in_, stream_));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host, in.total, cudaMemcpyHostToDevice, stream_));
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, staging_in_.data(), in.total, cudaMemcpyHostToDevice, stream_));
 
+  const LaunchConstants& k = plan_.constants();
   PartialParams p;
   p.geometry = g;
   p.k_pool = backend_.k_pool();
@@ -259,22 +279,20 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   p.tables.lengths = at<const int32_t>(dev, in.lengths);
   p.work.num_items = static_cast<int32_t>(shape.items);
   p.work.chunk_tokens = chunk;
-  p.work.item_seq = at<const int32_t>(dev, in.item_seq);
   p.work.item_chunk = at<const int32_t>(dev, in.item_chunk);
-  p.work.item_indptr = at<const int32_t>(dev, in.item_indptr);
-  p.work.item_partial = at<const int32_t>(dev, in.item_partial);
+  p.work.item_members = at<const int32_t>(dev, in.item_members);
+  p.work.members = at<const int32_t>(dev, in.members);
+  p.work.seq_first_chunk = at<const int32_t>(dev, in.seq_first_chunk);
+  p.work.seq_chunks = at<const int32_t>(dev, in.seq_chunks);
+  p.work.seq_partial = at<const int32_t>(dev, in.seq_partial);
   p.variant.q_indptr = at<const int32_t>(dev, in.q_indptr);
   p.variant.sliding_window = launch.sliding_window;
-  if (launch.soft_cap > 0.f) {
-    p.variant.soft_cap = launch.soft_cap;
-    p.variant.inv_soft_cap = 1.f / launch.soft_cap;
-    p.variant.soft_cap_log2 = launch.soft_cap * static_cast<float>(kLog2e);
-  }
+  p.variant.soft_cap = k.soft_cap;
+  p.variant.inv_soft_cap = k.inv_soft_cap;
+  p.variant.soft_cap_log2 = k.soft_cap_log2;
   p.q = at<const void>(dev, in.q);
   p.q_dtype = launch.q_dtype;
-  // The layer's K scale folds into q's factor, its V scale into the merge's 1 / l.
-  const KvScale kv = backend_.kv_scale(launch.layer);
-  p.q_scale = (launch.soft_cap > 0.f ? launch.scale : scale_log2(launch.scale)) * kv.k;
+  p.q_scale = k.q_scale;
   void* ws = partials_.data();
   p.partials = {at<float>(ws, part.acc), at<float>(ws, part.m), at<float>(ws, part.l)};
 
@@ -284,16 +302,16 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   m.head_dim = g.head_dim;
   m.q_indptr = p.variant.q_indptr;
   m.row_seq = at<const int32_t>(dev, in.row_seq);
-  m.item_indptr = p.work.item_indptr;
-  m.item_partial = p.work.item_partial;
-  m.sinks_log2 = launch.sinks != nullptr ? at<const float>(dev, in.sinks) : nullptr;
+  m.seq_chunks = p.work.seq_chunks;
+  m.seq_partial = p.work.seq_partial;
+  m.sinks_log2 = k.has_sinks ? at<const float>(dev, in.sinks) : nullptr;
   m.acc = p.partials.acc;
   m.m = p.partials.m;
   m.l = p.partials.l;
   m.out = at<void>(device_out_.data(), out.out);
   m.out_dtype = launch.q_dtype;
   m.lse = at<float>(device_out_.data(), out.lse);
-  m.out_scale = kv.v;
+  m.out_scale = k.out_scale;
 
   PAGODA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_partial_, stream_));
   PAGODA_CUDA_RETURN_IF_ERROR(backend_.partial_kernel().launch(p, stream_));

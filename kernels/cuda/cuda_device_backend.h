@@ -15,6 +15,7 @@
 #include "cuda/device_memory.h"
 #include "cuda/kernel_params.h"
 #include "pagoda/backend.h"
+#include "pagoda/decode_plan.h"
 
 namespace pagoda::cuda {
 
@@ -59,6 +60,7 @@ struct DecodeShape {
   int32_t num_q_heads = 0;
   int64_t block_ids = 0;     // table entries
   int64_t items = 0;         // work items
+  int64_t members = 0;       // sequences over all items (a shared chunk counts each)
   int64_t partial_rows = 0;  // partial states
   size_t q_bytes = 0;
 };
@@ -85,6 +87,7 @@ class CudaStream final : public BackendStream {
   Status reserve_append(size_t bytes);
 
   CudaBackend& backend_;
+  DecodePlan plan_;  // the current launch's, reused
   cudaStream_t stream_ = nullptr;
   // Timing marks of a decode: copy in, partial, merge, copy out.
   cudaEvent_t ev_copy_in_ = nullptr;

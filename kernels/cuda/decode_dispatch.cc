@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include "pagoda/vocabulary.h"
+
 namespace pagoda::cuda {
 
 StatusOr<const PartialKernel*> find_partial_kernel(DType cache_dtype, int32_t head_dim) {
@@ -12,10 +14,8 @@ StatusOr<const PartialKernel*> find_partial_kernel(DType cache_dtype, int32_t he
       if (k.cache_dtype == cache_dtype && k.head_dim == head_dim) return &k;
     }
   }
-  return InvalidArgument(
-      "head_dim x cache dtype: expected head_dim 64, 128 or 256 with fp16, bf16, fp32, fp8_e4m3 or fp8_e5m2, "
-      "received head_dim {} with dtype {}",
-      head_dim, dtype_name(cache_dtype));
+  return InvalidArgument("head_dim x cache dtype: expected head_dim {} with {}, received head_dim {} with dtype {}",
+                         head_dim_list(), cache_dtype_list(), head_dim, dtype_name(cache_dtype));
 }
 
 }  // namespace pagoda::cuda

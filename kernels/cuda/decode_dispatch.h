@@ -1,6 +1,7 @@
 #pragma once
-// The one flat dispatch of the partial kernel over (cache dtype, head_dim): a
-// table of the nine instances; anything else is an InvalidArgument Status.
+// The one flat dispatch of the partial kernel over (cache dtype, head_dim): the
+// tables of instances (one per head dim and cache dtype of the vocabulary,
+// pagoda/vocabulary.h); anything else is an InvalidArgument Status.
 
 #include "cuda/kernel_params.h"
 #include "pagoda/status.h"

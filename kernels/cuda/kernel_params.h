@@ -13,19 +13,22 @@
 
 namespace pagoda::cuda {
 
-// A launch's split-KV work as a flat list: item i is chunk item_chunk[i] of
-// sequence item_seq[i]. Items of sequence b are [item_indptr[b], item_indptr[b+1])
-// in chunk order and cover only the chunks some row of b attends
-// (chunks_needed), so a zero-length sequence owns no item and launches nothing.
-// Item i's partial states start at row item_partial[i]: one per (query row of
-// its sequence, query head), row-major.
+// A launch's split-KV work, flattened from its DecodePlan (pagoda/decode_plan.h):
+// item i is chunk item_chunk[i] of the sequences members[item_members[i] ..
+// item_members[i + 1]) (more than one: a shared chunk, equal blocks in all of
+// them). Only the chunks some row attends have an item, so a zero-length
+// sequence launches nothing. The state of (sequence b, chunk c, row r, query
+// head h) is partial row seq_partial[b] + ((c - seq_first_chunk[b]) * rows of
+// b + r) * num_q_heads + h: the plan's layout.
 struct WorkListView {
   int32_t num_items = 0;
   int32_t chunk_tokens = 0;
-  const int32_t* item_seq = nullptr;      // [num_items]
-  const int32_t* item_chunk = nullptr;    // [num_items] absolute chunk index
-  const int32_t* item_indptr = nullptr;   // [batch + 1]
-  const int32_t* item_partial = nullptr;  // [num_items]
+  const int32_t* item_chunk = nullptr;       // [num_items] absolute chunk index
+  const int32_t* item_members = nullptr;     // [num_items + 1]
+  const int32_t* members = nullptr;          // [item_members[num_items]] sequences
+  const int32_t* seq_first_chunk = nullptr;  // [batch]
+  const int32_t* seq_chunks = nullptr;       // [batch] chunks attended
+  const int32_t* seq_partial = nullptr;      // [batch] first partial row
 };
 
 // Partial states in fp32: one (m, l, acc) per (item, query row, query head). m
@@ -68,8 +71,8 @@ struct MergeParams {
   int32_t head_dim = 0;
   const int32_t* q_indptr = nullptr;      // [batch + 1]
   const int32_t* row_seq = nullptr;       // [rows] sequence of each row
-  const int32_t* item_indptr = nullptr;   // [batch + 1]
-  const int32_t* item_partial = nullptr;  // [num_items]
+  const int32_t* seq_chunks = nullptr;    // [batch] chunks attended (WorkListView's)
+  const int32_t* seq_partial = nullptr;   // [batch] first partial row (WorkListView's)
   const float* sinks_log2 = nullptr;      // [num_q_heads] sink * log2(e), or null
   const float* acc = nullptr;             // [partial rows, head_dim]
   const float* m = nullptr;               // [partial rows]

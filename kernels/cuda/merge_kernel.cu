@@ -22,15 +22,16 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams 
   const int head = blockIdx.x % p.num_q_heads;
   const int seq = p.row_seq[row];
   const int pos = row - p.q_indptr[seq];
-  const int first = p.item_indptr[seq];
-  const int last = p.item_indptr[seq + 1];
+  const int chunks = p.seq_chunks[seq];
+  const int rows = p.q_indptr[seq + 1] - p.q_indptr[seq];
   const int64_t out_row = static_cast<int64_t>(row) * p.num_q_heads + head;
 
   for (int quad = threadIdx.x; quad < p.head_dim / 4; quad += kMergeThreads) {
     SoftmaxState<float, 4> total;
     if (p.sinks_log2 != nullptr) total.stats = {p.sinks_log2[head], 1.f};
-    for (int i = first; i < last; ++i) {
-      const int64_t src = p.item_partial[i] + static_cast<int64_t>(pos) * p.num_q_heads + head;
+    for (int c = 0; c < chunks; ++c) {
+      const int64_t src =
+          p.seq_partial[seq] + (static_cast<int64_t>(c) * rows + pos) * p.num_q_heads + head;
       SoftmaxState<float, 4> part;
       part.stats = {p.m[src], p.l[src]};
       const float4 a = reinterpret_cast<const float4*>(p.acc + src * p.head_dim)[quad];

@@ -1,8 +1,9 @@
 #pragma once
 // The split-KV partial kernel: one CTA per (work item, KV head). A work item is
-// one chunk of one sequence; the CTA streams that chunk's K/V tokens of its KV
-// head through shared memory ONCE and every query head of the group reads them
-// from there, so each K/V byte leaves HBM once per decode step.
+// one chunk of the plan (pagoda/decode_plan.h) with the sequences that read it
+// (several when they share the chunk); the CTA streams that chunk's K/V tokens
+// of its KV head through shared memory for each query row, and every query
+// head of the group reads them from there.
 //
 // Thread mapping (128 threads): kLanes threads share one token row, each owning
 // 8 consecutive head_dim elements (one 16-byte load for fp16/bf16, two for fp32);
@@ -11,7 +12,8 @@
 // vector it widens to fp32 is reused by that many heads. This is the CUDA-core
 // form of the kernel (no tensor-core mma).
 //
-// A sequence with n query rows (DESIGN §9) is walked row by row in one CTA:
+// A sequence with n query rows (docs/design.md, "Attention variants") is
+// walked row by row in one CTA:
 // each row's keys in the chunk are cut to its causal span and sliding window,
 // a soft-cap (when set) bends each score before the softmax, and the partial
 // goes to the row's own state. A row with no key in the chunk writes the empty
@@ -21,7 +23,9 @@
 // acc) of pagoda/softmax_state.h; token slices are merged with merge_into in
 // slice order, so the bits depend on the chunk alone, never on the batch.
 
+#include <array>
 #include <cstdint>
+#include <utility>
 
 #include "cuda/async_copy.cuh"
 #include "cuda/device_convert.cuh"
@@ -29,6 +33,7 @@
 #include "pagoda/key_ranges.h"
 #include "pagoda/softmax_state.h"
 #include "pagoda/split_plan.h"
+#include "pagoda/vocabulary.h"
 
 namespace pagoda::cuda {
 
@@ -43,6 +48,8 @@ struct PartialConfig {
   static constexpr int kChunksPerRow = kRowBytes / 16;         // 16-byte copies per row
   static constexpr int kTileTokens = 4096 / kRowBytes;         // 4 KiB of K per stage
   static constexpr int kTileBytes = kTileTokens * kRowBytes;   // of K, and again of V
+  // Double buffering: the loop below keeps one tile in flight while it
+  // computes the other (cp_async_wait<kStages - 1>).
   static constexpr int kStages = 2;
   static constexpr int kPipelineBytes = kStages * 2 * kTileBytes;
   // The slice merge reuses the pipeline's shared memory once the chunk is done.
@@ -100,17 +107,13 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
   const VariantParams& var = p.variant;
   const int item = blockIdx.x;
   const int kv_head = blockIdx.y;
-  const int seq = p.work.item_seq[item];
-  const int length = p.tables.lengths[seq];
-  const int first_row = var.q_indptr[seq];
-  const int rows = var.q_indptr[seq + 1] - first_row;
-  const ChunkRange chunk = chunk_range(length, p.work.chunk_tokens, p.work.item_chunk[item]);
+  const int chunk_index = p.work.item_chunk[item];
   // Keys [begin, end) of the query row being computed: the chunk cut to its
   // causal span and window. Lengths are int32, so token indices fit an int;
   // offsets are int64 below.
   int begin = 0;
   int end = 0;
-  const int32_t* seq_blocks = p.tables.block_ids + p.tables.block_indptr[seq];
+  const int32_t* seq_blocks = nullptr;  // the block table of the member being computed
   const T* k_pool = static_cast<const T*>(p.k_pool);
   const T* v_pool = static_cast<const T*>(p.v_pool);
 
@@ -165,152 +168,163 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
     cp_async_commit();
   };
 
-  // One query row (position) at a time, its tiles starting at its own first
+  // Member by member (a shared chunk has several, with equal blocks over it),
+  // one query row (position) at a time, its tiles starting at its own first
   // key exactly as a single-row decode's do. The chunk is streamed again for
-  // each row; the rows of a sequence share it, so the repeats can hit L2.
-  for (int pos = 0; pos < rows; ++pos) {
-    const KeySpan keys = row_keys(length, rows, pos, var.sliding_window);
-    begin = static_cast<int>(keys.begin > chunk.begin ? keys.begin : chunk.begin);
-    end = static_cast<int>(keys.end < chunk.end ? keys.end : chunk.end);
-    if (end < begin) end = begin;
-    const int num_tiles = (end - begin + C::kTileTokens - 1) / C::kTileTokens;
-    for (int pass = 0; pass < layout.passes; ++pass) {
-      // This thread's query heads: local heads [head0, head0 + nh) of the group.
-      const int head0 = (pass * layout.head_groups + head_group) * kHB;
-      int nh = head_group < layout.head_groups ? group - head0 : 0;
-      nh = nh < 0 ? 0 : (nh > kHB ? kHB : nh);
-      const bool active = nh > 0;
+  // each row; the rows share it, so the repeats can hit L2.
+  for (int member = p.work.item_members[item]; member < p.work.item_members[item + 1]; ++member) {
+    const int seq = p.work.members[member];
+    const int length = p.tables.lengths[seq];
+    const int first_row = var.q_indptr[seq];
+    const int rows = var.q_indptr[seq + 1] - first_row;
+    const ChunkRange chunk = chunk_range(length, p.work.chunk_tokens, chunk_index);
+    const int64_t seq_partial =
+        p.work.seq_partial[seq] +
+        static_cast<int64_t>(chunk_index - p.work.seq_first_chunk[seq]) * rows * g.num_q_heads;
+    seq_blocks = p.tables.block_ids + p.tables.block_indptr[seq];
+    for (int pos = 0; pos < rows; ++pos) {
+      const KeySpan keys = row_keys(length, rows, pos, var.sliding_window);
+      begin = static_cast<int>(keys.begin > chunk.begin ? keys.begin : chunk.begin);
+      end = static_cast<int>(keys.end < chunk.end ? keys.end : chunk.end);
+      if (end < begin) end = begin;
+      const int num_tiles = (end - begin + C::kTileTokens - 1) / C::kTileTokens;
+      for (int pass = 0; pass < layout.passes; ++pass) {
+        // This thread's query heads: local heads [head0, head0 + nh) of the group.
+        const int head0 = (pass * layout.head_groups + head_group) * kHB;
+        int nh = head_group < layout.head_groups ? group - head0 : 0;
+        nh = nh < 0 ? 0 : (nh > kHB ? kHB : nh);
+        const bool active = nh > 0;
 
-      float q[kHB][8];
-      float acc[kHB][8];
-      SoftmaxStats<float> st[kHB];
-      const int64_t q_row0 =
-          static_cast<int64_t>(first_row + pos) * g.num_q_heads + kv_head * group + head0;
-#pragma unroll
-      for (int j = 0; j < kHB; ++j) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          q[j][e] = j < nh ? load_as_float(p.q, p.q_dtype, (q_row0 + j) * D + lane * 8 + e) *
-                                 p.q_scale
-                           : 0.f;
-          acc[j][e] = 0.f;
-        }
-      }
-
-      int32_t next_blocks[kCopies];  // block ids of the next tile to load
-      fetch_blocks(begin, next_blocks);
-      if (num_tiles > 0) {
-        load_tile(0, begin, next_blocks);
-        fetch_blocks(begin + C::kTileTokens, next_blocks);
-      }
-      for (int it = 0; it < num_tiles; ++it) {
-        const int tile_begin = begin + it * C::kTileTokens;
-        if (it + 1 < num_tiles) {
-          load_tile((it + 1) & 1, tile_begin + C::kTileTokens, next_blocks);
-          fetch_blocks(tile_begin + 2 * C::kTileTokens, next_blocks);
-          cp_async_wait<1>();
-        } else {
-          cp_async_wait<0>();
-        }
-        __syncthreads();
-
-        const T* k_tile = k_stage(it & 1);
-        const T* v_tile = v_stage(it & 1);
-        // Every thread runs the same number of steps: the shuffles below need the
-        // whole warp. Rows past the tile or the length are computed on a clamped
-        // row and then dropped (by branch, never by multiplying by 0).
-        for (int r0 = 0; r0 < C::kTileTokens; r0 += layout.token_slices) {
-          const int r_raw = r0 + token_slice;
-          const int r = r_raw < C::kTileTokens ? r_raw : C::kTileTokens - 1;
-          const bool valid = active && r_raw < C::kTileTokens && tile_begin + r < end;
-
-          float kf[8];
-          widen8(k_tile + r * D + lane * 8, kf);
-          // Head slots past the group (MHA: 3 of 4) are skipped by a CTA-uniform
-          // branch, so the shuffles below still run in whole warps.
-          float dot[kHB];
-#pragma unroll
-          for (int j = 0; j < kHB; ++j) {
-            dot[j] = 0.f;
-            if (j >= heads_per_thread) continue;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) dot[j] += q[j][e] * kf[e];
+        float q[kHB][8];
+        float acc[kHB][8];
+        SoftmaxStats<float> st[kHB];
+        const int64_t q_row0 =
+            static_cast<int64_t>(first_row + pos) * g.num_q_heads + kv_head * group + head0;
+  #pragma unroll
+        for (int j = 0; j < kHB; ++j) {
+  #pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            q[j][e] = j < nh ? load_as_float(p.q, p.q_dtype, (q_row0 + j) * D + lane * 8 + e) *
+                                   p.q_scale
+                             : 0.f;
+            acc[j][e] = 0.f;
           }
-          // Butterfly sum over the row's lanes: every lane ends with the same bits.
-#pragma unroll
-          for (int offset = C::kLanes / 2; offset > 0; offset /= 2) {
-#pragma unroll
+        }
+
+        int32_t next_blocks[kCopies];  // block ids of the next tile to load
+        fetch_blocks(begin, next_blocks);
+        if (num_tiles > 0) {
+          load_tile(0, begin, next_blocks);
+          fetch_blocks(begin + C::kTileTokens, next_blocks);
+        }
+        for (int it = 0; it < num_tiles; ++it) {
+          const int tile_begin = begin + it * C::kTileTokens;
+          if (it + 1 < num_tiles) {
+            load_tile((it + 1) % C::kStages, tile_begin + C::kTileTokens, next_blocks);
+            fetch_blocks(tile_begin + 2 * C::kTileTokens, next_blocks);
+            cp_async_wait<C::kStages - 1>();
+          } else {
+            cp_async_wait<0>();
+          }
+          __syncthreads();
+
+          const T* k_tile = k_stage(it % C::kStages);
+          const T* v_tile = v_stage(it % C::kStages);
+          // Every thread runs the same number of steps: the shuffles below need the
+          // whole warp. Rows past the tile or the length are computed on a clamped
+          // row and then dropped (by branch, never by multiplying by 0).
+          for (int r0 = 0; r0 < C::kTileTokens; r0 += layout.token_slices) {
+            const int r_raw = r0 + token_slice;
+            const int r = r_raw < C::kTileTokens ? r_raw : C::kTileTokens - 1;
+            const bool valid = active && r_raw < C::kTileTokens && tile_begin + r < end;
+
+            float kf[8];
+            widen8(k_tile + r * D + lane * 8, kf);
+            // Head slots past the group (MHA: 3 of 4) are skipped by a CTA-uniform
+            // branch, so the shuffles below still run in whole warps.
+            float dot[kHB];
+  #pragma unroll
             for (int j = 0; j < kHB; ++j) {
-              if (j < heads_per_thread) dot[j] += __shfl_xor_sync(0xffffffffu, dot[j], offset);
+              dot[j] = 0.f;
+              if (j >= heads_per_thread) continue;
+  #pragma unroll
+              for (int e = 0; e < 8; ++e) dot[j] += q[j][e] * kf[e];
             }
-          }
-          // The soft-cap on the whole sum, so every lane caps the same bits.
-          if (var.soft_cap > 0.f) {
-#pragma unroll
-            for (int j = 0; j < kHB; ++j) {
-              if (j < heads_per_thread) {
-                dot[j] = var.soft_cap_log2 * tanhf(dot[j] * var.inv_soft_cap);
+            // Butterfly sum over the row's lanes: every lane ends with the same bits.
+  #pragma unroll
+            for (int offset = C::kLanes / 2; offset > 0; offset /= 2) {
+  #pragma unroll
+              for (int j = 0; j < kHB; ++j) {
+                if (j < heads_per_thread) dot[j] += __shfl_xor_sync(0xffffffffu, dot[j], offset);
+              }
+            }
+            // The soft-cap on the whole sum, so every lane caps the same bits.
+            if (var.soft_cap > 0.f) {
+  #pragma unroll
+              for (int j = 0; j < kHB; ++j) {
+                if (j < heads_per_thread) {
+                  dot[j] = var.soft_cap_log2 * tanhf(dot[j] * var.inv_soft_cap);
+                }
+              }
+            }
+            if (valid) {
+              float vf[8];
+              widen8(v_tile + r * D + lane * 8, vf);
+  #pragma unroll
+              for (int j = 0; j < kHB; ++j) {
+                if (j < nh) add_key(st[j], acc[j], dot[j], vf);
               }
             }
           }
-          if (valid) {
-            float vf[8];
-            widen8(v_tile + r * D + lane * 8, vf);
-#pragma unroll
-            for (int j = 0; j < kHB; ++j) {
-              if (j < nh) add_key(st[j], acc[j], dot[j], vf);
+          __syncthreads();  // the stage is overwritten by the next iteration's copies
+        }
+
+        // Merge the token slices of each head group in slice order. All copies were
+        // waited for (wait_group 0) and a barrier passed, so the scratch may alias
+        // the pipeline's buffers.
+        float* s_acc = reinterpret_cast<float*>(smem);  // [kSlices][kHB][D]
+        float* s_m = s_acc + C::kScratchAccFloats;      // [kSlices][kHB]
+        float* s_l = s_m + C::kScratchStatFloats;       // [kSlices][kHB]
+        if (active && token_slice > 0) {
+  #pragma unroll
+          for (int j = 0; j < kHB; ++j) {
+            if (j >= nh) continue;
+            float* dst = s_acc + (slice * kHB + j) * D + lane * 8;
+  #pragma unroll
+            for (int e = 0; e < 8; ++e) dst[e] = acc[j][e];
+            if (lane == 0) {
+              s_m[slice * kHB + j] = st[j].m;
+              s_l[slice * kHB + j] = st[j].l;
             }
           }
         }
-        __syncthreads();  // the stage is overwritten by the next iteration's copies
-      }
-
-      // Merge the token slices of each head group in slice order. All copies were
-      // waited for (wait_group 0) and a barrier passed, so the scratch may alias
-      // the pipeline's buffers.
-      float* s_acc = reinterpret_cast<float*>(smem);  // [kSlices][kHB][D]
-      float* s_m = s_acc + C::kScratchAccFloats;      // [kSlices][kHB]
-      float* s_l = s_m + C::kScratchStatFloats;       // [kSlices][kHB]
-      if (active && token_slice > 0) {
-#pragma unroll
-        for (int j = 0; j < kHB; ++j) {
-          if (j >= nh) continue;
-          float* dst = s_acc + (slice * kHB + j) * D + lane * 8;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) dst[e] = acc[j][e];
-          if (lane == 0) {
-            s_m[slice * kHB + j] = st[j].m;
-            s_l[slice * kHB + j] = st[j].l;
+        __syncthreads();
+        if (active && token_slice == 0) {
+          for (int other = 1; other < layout.token_slices; ++other) {
+            const int os = slice + other;
+  #pragma unroll
+            for (int j = 0; j < kHB; ++j) {
+              if (j >= nh) continue;
+              const SoftmaxStats<float> o{s_m[os * kHB + j], s_l[os * kHB + j]};
+              merge_into(st[j], acc[j], o, s_acc + (os * kHB + j) * D + lane * 8, 8);
+            }
           }
-        }
-      }
-      __syncthreads();
-      if (active && token_slice == 0) {
-        for (int other = 1; other < layout.token_slices; ++other) {
-          const int os = slice + other;
-#pragma unroll
+  #pragma unroll
           for (int j = 0; j < kHB; ++j) {
             if (j >= nh) continue;
-            const SoftmaxStats<float> o{s_m[os * kHB + j], s_l[os * kHB + j]};
-            merge_into(st[j], acc[j], o, s_acc + (os * kHB + j) * D + lane * 8, 8);
+            const int64_t row = seq_partial + static_cast<int64_t>(pos) * g.num_q_heads +
+                                kv_head * group + head0 + j;
+            float4* dst = reinterpret_cast<float4*>(p.partials.acc + row * D + lane * 8);
+            dst[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+            dst[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+            if (lane == 0) {
+              p.partials.m[row] = st[j].m;
+              p.partials.l[row] = st[j].l;
+            }
           }
         }
-#pragma unroll
-        for (int j = 0; j < kHB; ++j) {
-          if (j >= nh) continue;
-          const int64_t row = p.work.item_partial[item] +
-                              static_cast<int64_t>(pos) * g.num_q_heads + kv_head * group +
-                              head0 + j;
-          float4* dst = reinterpret_cast<float4*>(p.partials.acc + row * D + lane * 8);
-          dst[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-          dst[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
-          if (lane == 0) {
-            p.partials.m[row] = st[j].m;
-            p.partials.l[row] = st[j].l;
-          }
-        }
+        __syncthreads();  // the next pass or row reuses the shared memory
       }
-      __syncthreads();  // the next pass or row reuses the shared memory
     }
   }
 }
@@ -328,6 +342,28 @@ template <typename T, int D>
 cudaError_t partial_ctas_per_sm(int* ctas) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, partial_kernel<T, D>,
                                                        PartialConfig<T, D>::kThreads, 0);
+}
+
+// The instances of one cache element type: one per head dim of the
+// vocabulary (pagoda/vocabulary.h), so a new head dim needs no edit here.
+template <typename T, size_t... I>
+constexpr std::array<PartialKernel, sizeof...(I)> partial_instances(DType dtype, std::index_sequence<I...>) {
+  return {{PartialKernel{dtype, kHeadDims[I], &launch_partial<T, kHeadDims[I]>,
+                         &partial_ctas_per_sm<T, kHeadDims[I]>}...}};
+}
+
+template <typename T>
+constexpr auto partial_instances(DType dtype) {
+  return partial_instances<T>(dtype, std::make_index_sequence<kHeadDims.size()>{});
+}
+
+template <size_t N, size_t M>
+constexpr std::array<PartialKernel, N + M> concat(const std::array<PartialKernel, N>& a,
+                                                  const std::array<PartialKernel, M>& b) {
+  std::array<PartialKernel, N + M> out{};
+  for (size_t i = 0; i < N; ++i) out[i] = a[i];
+  for (size_t i = 0; i < M; ++i) out[N + i] = b[i];
+  return out;
 }
 
 }  // namespace pagoda::cuda

@@ -1,16 +1,11 @@
-// The partial kernel's fp16 instances (one file per cache dtype keeps nvcc's
-// compile parallel).
+// The partial kernel's fp16 instances, one per head dim of the vocabulary (one
+// file per cache dtype keeps nvcc's compile parallel).
 #include "cuda/partial_kernel.cuh"
 
 namespace pagoda::cuda {
 namespace {
 
-using Elem = __half;
-constexpr PartialKernel kKernels[] = {
-    {DType::kFloat16, 64, &launch_partial<Elem, 64>, &partial_ctas_per_sm<Elem, 64>},
-    {DType::kFloat16, 128, &launch_partial<Elem, 128>, &partial_ctas_per_sm<Elem, 128>},
-    {DType::kFloat16, 256, &launch_partial<Elem, 256>, &partial_ctas_per_sm<Elem, 256>},
-};
+constexpr auto kKernels = partial_instances<__half>(DType::kFloat16);
 
 }  // namespace
 

@@ -449,9 +449,8 @@ void Engine::observe_launch(Worker& w, const std::vector<Item>& items, const Dec
     m->observe_stage(DecodeStage::kMerge, outputs.merge_seconds);
     if (outputs.transfer_seconds > 0) m->observe_stage(DecodeStage::kTransfer, outputs.transfer_seconds);
     m->observe_batch(lengths);
-    int64_t tokens = 0;
-    for (int32_t length : lengths) tokens += length;
-    m->add_kv_read(static_cast<double>(tokens) * static_cast<double>(g.token_kv_bytes()), outputs.attention_seconds);
+    m->add_kv_read(static_cast<double>(outputs.kv_bytes_read), static_cast<double>(outputs.kv_bytes_shared),
+                   outputs.attention_seconds);
   }
   DeterminismChecker* checker = observers_.checker;
   if (checker == nullptr || !checker->enabled()) return;

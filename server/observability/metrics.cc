@@ -122,9 +122,14 @@ Metrics::Metrics(const MetricsOptions& options)
                          .Add({}, context_tokens_buckets());
   kv_read_bytes_ = &BuildCounter()
                         .Name("pagoda_kv_read_bytes_total")
-                        .Help("Bytes of K and V read by attention")
+                        .Help("Bytes of K and V read by attention (a chunk shared by forks once)")
                         .Register(r)
                         .Add({});
+  kv_shared_bytes_ = &BuildCounter()
+                          .Name("pagoda_kv_shared_bytes_total")
+                          .Help("Bytes of K and V reads saved by reading chunks shared by forks once")
+                          .Register(r)
+                          .Add({});
   attention_compute_seconds_ = &BuildCounter()
                                     .Name("pagoda_attention_compute_seconds_total")
                                     .Help("Time spent computing attention; kv_read_bytes rate over this rate is the achieved bandwidth")
@@ -268,8 +273,9 @@ void Metrics::observe_batch(std::span<const int32_t> context_tokens) {
   context_tokens_->ObserveMultiple(increments, sum);
 }
 
-void Metrics::add_kv_read(double bytes, double compute_seconds) {
+void Metrics::add_kv_read(double bytes, double shared_bytes, double compute_seconds) {
   kv_read_bytes_->Increment(bytes);
+  kv_shared_bytes_->Increment(shared_bytes);
   attention_compute_seconds_->Increment(compute_seconds);
 }
 

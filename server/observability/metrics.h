@@ -10,7 +10,8 @@
 //   pagoda_decode_stage_seconds{stage}            histogram
 //   pagoda_decode_batch_size                      histogram (sequences per launch)
 //   pagoda_decode_context_tokens                  histogram (tokens attended per sequence)
-//   pagoda_kv_read_bytes_total                    counter
+//   pagoda_kv_read_bytes_total                    counter (bytes actually read)
+//   pagoda_kv_shared_bytes_total                  counter (reads a shared chunk saved)
 //   pagoda_attention_compute_seconds_total        counter
 //   pagoda_kv_blocks{state="used|free"}, pagoda_kv_usage_ratio, pagoda_sequences  gauges
 //   pagoda_build_info{version,backend,device}     gauge, always 1
@@ -85,7 +86,9 @@ class Metrics {
   void observe_batch(std::span<const int32_t> context_tokens);  // [batch]
   // K/V bytes a launch read and the attention compute time it took (their rates'
   // ratio is the achieved bandwidth).
-  void add_kv_read(double bytes, double compute_seconds);
+  // One launch: the K/V bytes it read (a shared chunk once, chunks outside
+  // every row's window not at all), the reads sharing saved, its compute time.
+  void add_kv_read(double bytes, double shared_bytes, double compute_seconds);
   void set_cache(int64_t used_blocks, int64_t free_blocks, int64_t sequences);
   // Sequences --idle-ttl freed.
   void add_sequences_evicted(int64_t n);
@@ -148,6 +151,7 @@ class Metrics {
   prometheus::Histogram* batch_size_ = nullptr;
   prometheus::Histogram* context_tokens_ = nullptr;
   prometheus::Counter* kv_read_bytes_ = nullptr;
+  prometheus::Counter* kv_shared_bytes_ = nullptr;
   prometheus::Counter* attention_compute_seconds_ = nullptr;
   std::vector<prometheus::Counter*> kv_saturated_;  // [kv_saturation_layers]
   prometheus::Counter* sequences_evicted_ = nullptr;

@@ -175,11 +175,13 @@ TEST_F(MetricsScrapeTest, BatchSizeAndContextTokens) {
 }
 
 TEST_F(MetricsScrapeTest, KvReadAndComputeCounters) {
-  metrics_->add_kv_read(1.5e6, 0.25);
-  metrics_->add_kv_read(0.5e6, 0.75);
+  metrics_->add_kv_read(1.5e6, 4e6, 0.25);
+  metrics_->add_kv_read(0.5e6, 0, 0.75);
   const Exposition e = scrape();
   EXPECT_EQ(e.types.at("pagoda_kv_read_bytes_total"), "counter");
   EXPECT_EQ(delta(e, "pagoda_kv_read_bytes_total"), 2e6);
+  EXPECT_EQ(e.types.at("pagoda_kv_shared_bytes_total"), "counter");
+  EXPECT_EQ(delta(e, "pagoda_kv_shared_bytes_total"), 4e6);
   EXPECT_EQ(delta(e, "pagoda_attention_compute_seconds_total"), 1.0);
 }
 

@@ -56,6 +56,9 @@ struct DecodeLaunch {
   const float* sinks = nullptr;  // [num_q_heads] natural-log sink logits, or null
   SplitMode mode = SplitMode::kDeterministic;
   int32_t split_tokens = 512;
+  // Sequences whose blocks are equal over a whole chunk read it once, for all
+  // their rows (pagoda/decode_plan.h); the bits are the same either way.
+  bool share_chunks = true;
 
   int32_t rows_of(int32_t b) const { return q_indptr ? q_indptr[b + 1] - q_indptr[b] : 1; }
   int32_t first_row(int32_t b) const { return q_indptr ? q_indptr[b] : b; }
@@ -67,6 +70,8 @@ struct DecodeOutputs {
   float* lse = nullptr;      // [rows, num_q_heads] natural log, -inf for no keys; may be null
   int32_t* splits = nullptr; // [batch] chunks launched per sequence; may be null
   int32_t chunk_tokens = 0;  // chunk length the launch used
+  int64_t kv_bytes_read = 0;    // K/V bytes the launch read (a shared chunk once, skipped chunks not at all)
+  int64_t kv_bytes_shared = 0;  // K/V bytes sharing saved: the members' own reads less the shared ones
   double attention_seconds = 0;  // partial + merge computation alone
   double merge_seconds = 0;      // the merge alone (part of attention_seconds)
   double transfer_seconds = 0;   // host<->device copies (0 on the CPU)

@@ -9,13 +9,9 @@
 #include "pagoda/backend.h"
 #include "pagoda/paged_kv.h"
 #include "pagoda/status.h"
+#include "pagoda/vocabulary.h"
 
 namespace pagoda {
-
-// Head dimensions the kernels are instantiated for (CPU and CUDA alike).
-inline constexpr int32_t kSupportedHeadDims[] = {64, 128, 256};
-
-bool supported_head_dim(int32_t head_dim);
 
 // Positive sizes, q heads a multiple of KV heads, a supported head_dim and a
 // known cache dtype. The message names the field, the expected and the

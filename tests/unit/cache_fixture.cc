@@ -187,6 +187,8 @@ CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<Sequ
   const Status s = stream_->decode(launch, out);
   EXPECT_TRUE(s.ok()) << s.message();
   d.chunk_tokens = out.chunk_tokens;
+  d.kv_bytes_read = out.kv_bytes_read;
+  d.kv_bytes_shared = out.kv_bytes_shared;
   d.out.resize(rows * geometry_.head_dim);
   convert_to_float(d.out_bytes.data(), q.dtype, d.out.data(), static_cast<int64_t>(d.out.size()));
   return d;

@@ -89,6 +89,8 @@ class CacheFixture {
     std::vector<uint8_t> out_bytes;
     std::vector<int32_t> splits;
     int32_t chunk_tokens = 0;
+    int64_t kv_bytes_read = 0;    // as the launch reported them
+    int64_t kv_bytes_shared = 0;
   };
   Decoded decode(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q, float scale,
                  SplitMode mode = SplitMode::kDeterministic, int32_t split_tokens = 64,

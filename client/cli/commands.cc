@@ -222,11 +222,18 @@ void add_rpc_commands(CLI::App& app, CliContext& ctx) {
   dec->callback([&ctx, decode] { ctx.exit_code = run_decode(ctx, *decode); });
 
   auto fork_source = std::make_shared<uint64_t>(0);
-  auto* fork = app.add_subcommand("fork", "Fork a sequence (copy-on-write); prints the new id");
+  auto fork_count = std::make_shared<int32_t>(1);
+  auto* fork = app.add_subcommand("fork", "Fork a sequence (copy-on-write); prints the new ids, one per line");
   fork->add_option("--seq", *fork_source, "Source sequence id")->required();
-  fork->callback([&ctx, fork_source] {
-    auto id = ctx.connect()->fork_sequence(*fork_source);
-    ctx.exit_code = id.ok() ? (fmt::print("{}\n", *id), 0) : report_error(id.error());
+  fork->add_option("--count", *fork_count, "Forks to make in one call, all or none")->capture_default_str();
+  fork->callback([&ctx, fork_source, fork_count] {
+    auto ids = ctx.connect()->fork_sequences(*fork_source, *fork_count);
+    if (!ids.ok()) {
+      ctx.exit_code = report_error(ids.error());
+      return;
+    }
+    for (uint64_t id : *ids) fmt::print("{}\n", id);
+    ctx.exit_code = 0;
   });
 
   auto free_id = std::make_shared<uint64_t>(0);

@@ -200,14 +200,22 @@ Result<DecodeResult> Client::decode_step(const DecodeArgs& args, const RetryOpti
 }
 
 Result<uint64_t> Client::fork_sequence(uint64_t source_id) {
+  Result<std::vector<uint64_t>> ids = fork_sequences(source_id, 1);
+  if (!ids.ok()) return ids.error();
+  return ids->front();
+}
+
+Result<std::vector<uint64_t>> Client::fork_sequences(uint64_t source_id, int32_t count) {
   grpc::ClientContext ctx;
   impl_->prepare(ctx);
   v1::ForkSequenceRequest req;
   req.set_source_id(source_id);
+  req.set_count(count);
   v1::ForkSequenceResponse resp;
   const grpc::Status st = impl_->stub->ForkSequence(&ctx, req, &resp);
   if (!st.ok()) return error_from_grpc(st, "ForkSequence");
-  return resp.sequence_id();
+  if (resp.sequence_ids_size() == 0) return std::vector<uint64_t>{resp.sequence_id()};  // a server before count
+  return std::vector<uint64_t>(resp.sequence_ids().begin(), resp.sequence_ids().end());
 }
 
 Outcome Client::free_sequence(uint64_t sequence_id) {

@@ -65,16 +65,20 @@ TenantLimits CacheManager::limits(TenantId tenant) const {
   return l != nullptr ? *l : TenantLimits{};
 }
 
-Status CacheManager::check_sequence_quota(TenantId tenant) {
-  if (max_sequences_ > 0 && static_cast<int64_t>(sequences_.size()) >= max_sequences_) {
-    return ResourceExhausted("cache: expected at most {} sequences (--max-sequences), it holds {}", max_sequences_,
-                             sequences_.size());
+// Room for `adding` more sequences of `tenant`; the message names the limit,
+// what is held and what was asked when more than one.
+Status CacheManager::check_sequence_quota(TenantId tenant, int64_t adding) {
+  const std::string asked = adding > 1 ? fmt::format(", {} more requested", adding) : std::string();
+  const auto held_all = static_cast<int64_t>(sequences_.size());
+  if (max_sequences_ > 0 && held_all + adding > max_sequences_) {
+    return ResourceExhausted("cache: expected at most {} sequences (--max-sequences), it holds {}{}", max_sequences_,
+                             held_all, asked);
   }
   const TenantLimits* l = limits_of(tenant);
   const int64_t held = usage_of(tenant).sequences;
-  if (l == nullptr || l->max_sequences == 0 || held < l->max_sequences) return Status::Ok();
-  return ResourceExhausted("tenant '{}': expected at most {} sequences (its max_sequences quota), it holds {}",
-                           l->name, l->max_sequences, held);
+  if (l == nullptr || l->max_sequences == 0 || held + adding <= l->max_sequences) return Status::Ok();
+  return ResourceExhausted("tenant '{}': expected at most {} sequences (its max_sequences quota), it holds {}{}",
+                           l->name, l->max_sequences, held, asked);
 }
 
 SequenceId CacheManager::create(std::string label) {
@@ -106,21 +110,33 @@ StatusOr<SequenceId> CacheManager::create_for(TenantId tenant, std::string label
 }
 
 StatusOr<SequenceId> CacheManager::fork(SequenceId source, TenantId tenant) {
+  StatusOr<std::vector<SequenceId>> ids = fork(source, tenant, 1);
+  if (!ids.ok()) return ids.status();
+  return ids->front();
+}
+
+StatusOr<std::vector<SequenceId>> CacheManager::fork(SequenceId source, TenantId tenant, int32_t count) {
+  assert(count >= 1 && "the rpc layer validates the count");
   std::lock_guard lock(mu_);
   Sequence* s = find(source, tenant);
   if (s == nullptr) return NotFound("source_id: no sequence {}", source);
-  PAGODA_RETURN_IF_ERROR(check_sequence_quota(tenant));
+  PAGODA_RETURN_IF_ERROR(check_sequence_quota(tenant, count));
   s->last_used = std::chrono::steady_clock::now();
-  // The fork shares the committed state: an append in flight on the source is
+  // A fork shares the committed state: an append in flight on the source is
   // the source's alone (its table may already hold the block it writes into:
   // sharing it is harmless, the fork never reads past its own lengths).
   Sequence copy = *s;
   std::fill(copy.pending.begin(), copy.pending.end(), -1);
-  for (int32_t b : copy.blocks) ++shares_[b];
-  const SequenceId id = ids_.next();
-  ++usage_of(tenant).sequences;
-  sequences_.emplace(id, std::move(copy));
-  return id;
+  std::vector<SequenceId> ids;
+  ids.reserve(static_cast<size_t>(count));
+  for (int32_t i = 0; i < count; ++i) {
+    for (int32_t b : copy.blocks) ++shares_[b];
+    const SequenceId id = ids_.next();
+    ++usage_of(tenant).sequences;
+    sequences_.emplace(id, copy);
+    ids.push_back(id);
+  }
+  return ids;
 }
 
 Status CacheManager::free(SequenceId id, TenantId tenant) {

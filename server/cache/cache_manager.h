@@ -133,6 +133,8 @@ class CacheManager {
   // The default tenant's, with no quota check (tests and tools).
   SequenceId create(std::string label);
   StatusOr<SequenceId> fork(SequenceId source, TenantId tenant = kDefaultTenant);
+  // `count` forks at once, all or nothing against the quotas and limits.
+  StatusOr<std::vector<SequenceId>> fork(SequenceId source, TenantId tenant, int32_t count);
   Status free(SequenceId id, TenantId tenant = kDefaultTenant);
   StatusOr<SequenceInfo> info(SequenceId id, TenantId tenant = kDefaultTenant);  // counts as a use (--idle-ttl)
   // Cuts every layer longer than `length` to it; whole blocks past every
@@ -201,7 +203,7 @@ class CacheManager {
   int32_t allocate_block(TenantId owner);
   TenantUsage& usage_of(TenantId tenant);
   const TenantLimits* limits_of(TenantId tenant) const;
-  Status check_sequence_quota(TenantId tenant);
+  Status check_sequence_quota(TenantId tenant, int64_t adding = 1);
   void unshare(int32_t block);
   void unpin(int32_t block);
   void maybe_free(int32_t block);

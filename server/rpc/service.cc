@@ -299,15 +299,24 @@ grpc::ServerUnaryReactor* DecodeAttentionService::ForkSequence(grpc::CallbackSer
   if (draining()) return finish_unary(ctx, RpcMethod::kForkSequence, t0, draining_status());
   StatusOr<TenantId> tenant = tenant_of(*ctx);
   if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kForkSequence, t0, tenant.status());
-  StatusOr<SequenceId> id = cache_.fork(request->source_id(), *tenant);
-  if (id.ok()) {
-    response->set_sequence_id(*id);
-    cache_gauges_.publish();
-    spdlog::debug("ForkSequence source_id={} -> sequence_id={}", request->source_id(), *id);
-    return finish_unary(ctx, RpcMethod::kForkSequence, t0, id.status());
+  const int32_t count = request->count() == 0 ? 1 : request->count();
+  if (count < 1 || count > kMaxForkCount) {
+    return finish_unary(ctx, RpcMethod::kForkSequence, t0,
+                        InvalidArgument("count: expected 1 to {} forks (0 means 1), received {}", kMaxForkCount,
+                                        request->count()),
+                        fmt::format("source_id={}", request->source_id()));
   }
-  return finish_unary(ctx, RpcMethod::kForkSequence, t0, id.status(),
-                      fmt::format("source_id={}", request->source_id()));
+  StatusOr<std::vector<SequenceId>> ids = cache_.fork(request->source_id(), *tenant, count);
+  if (!ids.ok()) {
+    return finish_unary(ctx, RpcMethod::kForkSequence, t0, ids.status(),
+                        fmt::format("source_id={} count={}", request->source_id(), count));
+  }
+  response->set_sequence_id(ids->front());
+  response->mutable_sequence_ids()->Add(ids->begin(), ids->end());
+  cache_gauges_.publish();
+  spdlog::debug("ForkSequence source_id={} -> {} forks, first sequence_id={}", request->source_id(), count,
+                ids->front());
+  return finish_unary(ctx, RpcMethod::kForkSequence, t0, Status::Ok());
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::FreeSequence(grpc::CallbackServerContext* ctx,

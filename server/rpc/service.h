@@ -41,6 +41,9 @@ struct ServiceSettings {
 
 class DecodeStreamCall;
 
+// Most forks one ForkSequence makes (ForkSequenceRequest.count).
+inline constexpr int32_t kMaxForkCount = 4096;
+
 // INVALID_ARGUMENT naming `field` when a request appends more than
 // --max-request-tokens tokens.
 Status check_request_tokens(const char* field, int64_t tokens, const ServiceSettings& settings);

@@ -52,6 +52,7 @@ class Mirror {
   void truncate(uint64_t id, int32_t length);
   void append(uint64_t id, int32_t layer, const std::vector<float>& k, const std::vector<float>& v);
   int32_t length(uint64_t id, int32_t layer) const;
+  const LayerHistory& history(uint64_t id, int32_t layer) const { return seqs_.at(id).at(static_cast<size_t>(layer)); }
 
   // The reference decode of `layer` for `ids` with q [rows, num_q_heads, head_dim].
   testing::ReferenceResult reference(int32_t layer, const std::vector<uint64_t>& ids, const std::vector<float>& q,

@@ -382,8 +382,15 @@ class PagodaClient:
             responses.cancel()  # no-op once the stream has ended; stops it when abandoned
 
     def fork_sequence(self, source_id: int) -> int:
-        return _call("ForkSequence", self.stub.ForkSequence,
-                     self.pb.ForkSequenceRequest(source_id=source_id), timeout=self.timeout).sequence_id
+        return self.fork_sequences(source_id, 1)[0]
+
+    def fork_sequences(self, source_id: int, count: int) -> list:
+        """`count` copy-on-write forks in one call, all or none (parallel
+        sampling, beam search); forks decoded in one batch read their shared
+        chunks once."""
+        r = _call("ForkSequence", self.stub.ForkSequence,
+                  self.pb.ForkSequenceRequest(source_id=source_id, count=count), timeout=self.timeout)
+        return list(r.sequence_ids) or [r.sequence_id]
 
     def free_sequence(self, sequence_id: int) -> None:
         _call("FreeSequence", self.stub.FreeSequence,

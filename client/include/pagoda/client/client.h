@@ -80,6 +80,8 @@ class Client {
   // INVALID_ARGUMENT when args carries no k/v.
   Result<DecodeResult> decode_step(const DecodeArgs& args, const RetryOptions& retry = {});
   Result<uint64_t> fork_sequence(uint64_t source_id);
+  // `count` forks in one call, all or none (parallel sampling, beam search).
+  Result<std::vector<uint64_t>> fork_sequences(uint64_t source_id, int32_t count);
   Outcome free_sequence(uint64_t sequence_id);
   // Cuts every layer longer than `length` to it (rejected draft tokens);
   // returns the layers' lengths after the cut.

@@ -14,6 +14,8 @@
 #include "naive_decode.h"
 #include "pagoda/backend.h"
 #include "pagoda/host_convert.h"
+#include "pagoda/key_ranges.h"
+#include "pagoda/status.h"
 
 namespace pagoda::bench {
 namespace {
@@ -32,6 +34,7 @@ struct KernelOptions {
   std::vector<std::string> modes = {"deterministic", "fast"};
   std::vector<std::string> targets = {"best"};
   int32_t split_tokens = 512;
+  int32_t shared_prefix = 0;  // > 0: every sequence a fork sharing its first tokens with sequence 0
   int32_t threads = 2;
   int32_t iters = 20;
   int32_t rounds = 5;
@@ -79,6 +82,43 @@ Status fill_cache(BackendStream& stream, const CacheGeometry& g, const KernelOpt
   return Status::Ok();
 }
 
+// One row's launch timed in rounds of (baseline read, a few launches), so that
+// both see the same moment of a shared machine; medians over rounds.
+struct Timed {
+  double kernel_s = 0;
+  double baseline = 0;
+};
+
+StatusOr<Timed> time_launch(BackendStream& stream, const DecodeLaunch& launch, DecodeOutputs& d,
+                            const KernelOptions& o) {
+  for (int32_t i = 0; i < 2; ++i) PAGODA_RETURN_IF_ERROR(stream.decode(launch, d));  // warm-up
+  std::vector<double> times, baselines;
+  const int32_t per_round = std::max(1, o.iters / o.rounds);
+  for (int32_t round = 0; round < o.rounds; ++round) {
+    StatusOr<double> baseline = stream.measure_memory_bandwidth(d.kv_bytes_read);
+    if (!baseline.ok()) return baseline.status();
+    baselines.push_back(*baseline);
+    std::vector<double> round_times;
+    for (int32_t i = 0; i < per_round; ++i) {
+      PAGODA_RETURN_IF_ERROR(stream.decode(launch, d));
+      round_times.push_back(d.attention_seconds);
+    }
+    times.push_back(median(round_times));
+  }
+  return Timed{median(times), median(baselines)};
+}
+
+// 2 FLOPs per multiply-add of q.k and of p.v: 4 * head_dim per key and query
+// head, over the keys every row attends.
+double launch_flops(const CacheGeometry& g, int32_t batch, int32_t context, int32_t q_len, int32_t window) {
+  int64_t keys = 0;
+  for (int32_t i = 0; i < q_len; ++i) {
+    const KeySpan k = row_keys(context, q_len, i, window);
+    keys += k.end - k.begin;
+  }
+  return 4.0 * g.head_dim * g.num_q_heads * static_cast<double>(keys) * batch;
+}
+
 int run(const KernelOptions& o) {
   const auto dtype = parse_dtype(o.dtype);
   if (!dtype) {
@@ -91,6 +131,12 @@ int run(const KernelOptions& o) {
     return 2;
   }
   const int32_t max_context = *std::max_element(o.contexts.begin(), o.contexts.end());
+  const int32_t min_context = *std::min_element(o.contexts.begin(), o.contexts.end());
+  if (o.shared_prefix > min_context) {
+    fmt::print(stderr, "pagoda-bench kernel: --shared-prefix: expected at most the shortest --context ({}), received {}\n",
+               min_context, o.shared_prefix);
+    return 2;
+  }
   const int32_t blocks_per_seq = (max_context + o.block_size - 1) / o.block_size;
   BackendOptions bo;
   bo.kind = o.backend;
@@ -118,6 +164,13 @@ int run(const KernelOptions& o) {
   std::vector<int32_t> indptr(o.batch + 1), ids(static_cast<size_t>(o.batch) * blocks_per_seq);
   for (int32_t b = 0; b <= o.batch; ++b) indptr[b] = b * blocks_per_seq;
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  // Forks: the first shared_prefix tokens of every sequence in sequence 0's
+  // blocks, as ForkSequence leaves them; the unshared tables above are their twins.
+  const int32_t shared_blocks = o.shared_prefix / o.block_size;
+  std::vector<int32_t> fork_ids = ids;
+  for (int32_t b = 1; b < o.batch; ++b) {
+    for (int32_t j = 0; j < shared_blocks; ++j) fork_ids[static_cast<size_t>(b) * blocks_per_seq + j] = j;
+  }
   const int32_t max_q_len = *std::max_element(o.q_lens.begin(), o.q_lens.end());
   const size_t max_rows = static_cast<size_t>(o.batch) * max_q_len;
   std::vector<float> q(max_rows * g.num_q_heads * g.head_dim);
@@ -160,9 +213,6 @@ int run(const KernelOptions& o) {
         std::vector<int32_t> q_indptr(o.batch + 1);
         for (int32_t b = 0; b <= o.batch; ++b) q_indptr[b] = b * q_len;
         for (int32_t window : o.windows) {
-          // Keys some row attends: from the first row's window start to the end.
-          const int64_t first_key = window > 0 ? std::max<int64_t>(0, context - q_len - window + 1) : 0;
-          const double kv_bytes = static_cast<double>(o.batch) * (context - first_key) * g.token_kv_bytes();
           for (const std::string& mode : o.modes) {
             DecodeLaunch launch;
             launch.tables = {o.batch, indptr.data(), ids.data(), lengths.data()};
@@ -173,42 +223,32 @@ int run(const KernelOptions& o) {
             launch.q_indptr = q_len > 1 ? q_indptr.data() : nullptr;
             launch.sliding_window = window;
             DecodeOutputs d{out.data(), lse.data(), splits.data()};
-            // Rounds of (baseline, a few launches), so that both see the same
-            // moment of a shared machine; the medians over rounds are reported.
-            std::vector<double> times, baselines;
-            const int32_t per_round = std::max(1, o.iters / o.rounds);
-            for (int32_t i = 0; i < 2; ++i) (void)stream.decode(launch, d);  // warm-up
-            for (int32_t round = 0; round < o.rounds; ++round) {
-              auto baseline = stream.measure_memory_bandwidth(static_cast<int64_t>(kv_bytes));
-              if (!baseline.ok()) {
-                fmt::print(stderr, "pagoda-bench kernel: bandwidth: {}\n", baseline.status().message());
-                return 1;
-              }
-              baselines.push_back(*baseline);
-              std::vector<double> round_times;
-              for (int32_t i = 0; i < per_round; ++i) {
-                const Status s = stream.decode(launch, d);
-                if (!s.ok()) {
-                  fmt::print(stderr, "pagoda-bench kernel: decode: {}\n", s.message());
-                  return 1;
-                }
-                round_times.push_back(d.attention_seconds);
-              }
-              times.push_back(median(round_times));
-            }
             KernelRow r;
             r.target = target_name;
             r.context = context;
             r.q_len = q_len;
             r.window = window;
             r.mode = mode;
-            r.kernel_s = median(times);
-            r.kv_bytes = kv_bytes;
-            r.baseline = median(baselines);
             r.fma_peak = fma_peak;
-            r.naive_s = q_len == 1 && window == 0 ? naive_s : 0;
-            r.chunk_tokens = d.chunk_tokens;
-            report.rows.push_back(r);
+            r.flops = launch_flops(g, o.batch, context, q_len, window);
+            // The twins first (or the only row without --shared-prefix), then the forks.
+            for (const bool forks : {false, true}) {
+              if (forks && o.shared_prefix == 0) break;
+              if (forks) launch.tables.block_ids = fork_ids.data();
+              StatusOr<Timed> timed = time_launch(stream, launch, d, o);
+              if (!timed.ok()) {
+                fmt::print(stderr, "pagoda-bench kernel: {}\n", timed.status().message());
+                return 1;
+              }
+              if (forks) r.unshared_s = r.kernel_s;
+              r.shared_prefix = forks ? shared_blocks * o.block_size : 0;
+              r.kernel_s = timed->kernel_s;
+              r.baseline = timed->baseline;
+              r.kv_bytes = static_cast<double>(d.kv_bytes_read);
+              r.chunk_tokens = d.chunk_tokens;
+              r.naive_s = q_len == 1 && window == 0 && !forks ? naive_s : 0;
+              report.rows.push_back(r);
+            }
           }
         }
       }
@@ -253,6 +293,10 @@ void add_kernel_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"best", "avx3", "avx2"}));
   sub->add_option("--split-tokens", o->split_tokens, "split-KV chunk length in deterministic mode");
+  sub->add_option("--shared-prefix", o->shared_prefix,
+                  "tokens every sequence shares with the first (a batch of forks of one parent), timed against the "
+                  "same batch with unshared twins; 0: none")
+      ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--threads", o->threads, "CPU backend threads (0 = all cores)");
   sub->add_option("--iters", o->iters, "timed launches per row, spread over the rounds")->check(CLI::Range(1, 100000));
   sub->add_option("--rounds", o->rounds, "rounds per row, each a baseline read then iters/rounds launches; "

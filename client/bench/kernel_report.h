@@ -15,15 +15,18 @@ namespace pagoda::bench {
 struct KernelRow {
   std::string target;      // SIMD target that ran (CPU), or "cuda"
   int32_t context = 0;
-  int32_t q_len = 1;       // query rows per sequence (DESIGN §9)
+  int32_t q_len = 1;       // query rows per sequence (docs/design.md, "Attention variants")
   int32_t window = 0;      // sliding window, 0: none
+  int32_t shared_prefix = 0;  // tokens every sequence shares with the first (forks of one parent); 0: none
   std::string mode;
   int32_t chunk_tokens = 0;
   double kernel_s = 0;     // median attention time of one launch
-  double kv_bytes = 0;     // K/V bytes one launch must read: the keys its rows attend
+  double kv_bytes = 0;     // K/V bytes one launch reads (the plan's count: a shared chunk once)
+  double flops = 0;        // multiply-adds of q.k and p.v of one launch, 2 FLOPs each
   double baseline = 0;     // read bandwidth measured in this run, bytes/s
   double fma_peak = 0;     // FLOP/s of a register-resident FMA loop on the same threads (CPU), 0 if not measured
   double naive_s = 0;      // naive path on the same inputs, 0 if not run
+  double unshared_s = 0;   // shared_prefix > 0: the same batch with unshared twins, median of one launch
 
   double bandwidth() const { return kv_bytes / kernel_s; }
 };
@@ -37,15 +40,11 @@ struct KernelReport {
   int32_t threads = 0;
   std::vector<KernelRow> rows;
 
-  // Multiply-adds of q.k and p.v per K/V byte: 4 * group * head_dim FLOPs per
-  // token, KV head and query row over 2 * head_dim elements of K and V (a
-  // bound: with q_len > 1 the earliest rows attend a few keys fewer).
-  double flops_per_byte(const KernelRow& r) const {
-    return 2.0 * geometry.group_size() * r.q_len / static_cast<double>(dtype_size(geometry.dtype));
-  }
-  // The limit a row's bandwidth is compared with, and what sets it.
-  double roofline(const KernelRow& r) const;
+  // The least time a launch can take: its bytes at the read bandwidth or its
+  // FLOPs at the FMA peak, whichever is longer; that one is its bound.
+  double roofline_seconds(const KernelRow& r) const;
   const char* bound(const KernelRow& r) const;
+  double fraction_of_roofline(const KernelRow& r) const { return roofline_seconds(r) / r.kernel_s; }
 };
 
 void print_table(const KernelReport& report);

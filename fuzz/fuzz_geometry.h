@@ -3,6 +3,7 @@
 // defaults: 2 layers, 8 query and 2 KV heads of 64, blocks of 16, fp16).
 
 #include "pagoda/paged_kv.h"
+#include "rpc/service_settings.h"
 
 namespace pagoda::fuzz {
 
@@ -19,5 +20,13 @@ inline CacheGeometry fuzz_geometry() {
 }
 
 inline constexpr int32_t kFuzzMaxBatch = 64;
+
+// The service's settings around that geometry, as admission sees them.
+inline ServiceSettings fuzz_settings() {
+  ServiceSettings s;
+  s.geometry = fuzz_geometry();
+  s.max_batch = kFuzzMaxBatch;
+  return s;
+}
 
 }  // namespace pagoda::fuzz

@@ -1,6 +1,7 @@
 // libFuzzer target: a request's bytes, as each unary RPC's handler takes them.
 // The first byte picks the message type; the rest is parsed and, when it
-// parses, validated by request_decoding.h and its response buffers sized.
+// parses, admitted as the handlers admit it (rpc/admission.h): validated and
+// its response buffers sized.
 // Nothing may crash, read out of bounds or overflow; a valid request's
 // outputs must be sized by its rows.
 #include <cstddef>
@@ -8,19 +9,18 @@
 #include <cstdlib>
 
 #include "fuzz_geometry.h"
-#include "rpc/decode_response.h"
-#include "rpc/request_decoding.h"
+#include "rpc/admission.h"
 
 namespace {
 
 void fuzz_decode(const uint8_t* data, size_t size) {
   pagoda::v1::DecodeRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return;
-  const pagoda::CacheGeometry g = pagoda::fuzz::fuzz_geometry();
+  const pagoda::ServiceSettings settings = pagoda::fuzz::fuzz_settings();
+  const pagoda::CacheGeometry& g = settings.geometry;
   pagoda::DecodeWork work;
-  if (!pagoda::decode_request(request, g, pagoda::fuzz::kFuzzMaxBatch, work).ok()) return;
   pagoda::v1::DecodeResponse response;
-  pagoda::prepare_response(request, g, work, response);
+  if (!pagoda::admit_decode(request, static_cast<int64_t>(size), settings, work, response).ok()) return;
   const auto want = static_cast<size_t>(work.rows) * g.num_q_heads * g.head_dim * pagoda::dtype_size(work.q_dtype);
   if (response.output().data().size() != want) std::abort();
 }
@@ -29,7 +29,7 @@ void fuzz_append(const uint8_t* data, size_t size) {
   pagoda::v1::AppendKVRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return;
   pagoda::AppendWork work;
-  (void)pagoda::decode_request(request, pagoda::fuzz::fuzz_geometry(), work);
+  (void)pagoda::admit_append(request, static_cast<int64_t>(size), pagoda::fuzz::fuzz_settings(), work);
 }
 
 }  // namespace

@@ -11,12 +11,12 @@
 #include <fmt/format.h>
 
 #include "fuzz_geometry.h"
-#include "rpc/request_decoding.h"
+#include "rpc/admission.h"
 #include "rpc/stream_framing.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   constexpr int64_t kMaxBytes = 4096;
-  const pagoda::CacheGeometry g = pagoda::fuzz::fuzz_geometry();
+  const pagoda::ServiceSettings settings = pagoda::fuzz::fuzz_settings();
   size_t at = 0;
   for (int64_t index = 1; at + 2 <= size; ++index) {
     const size_t n = std::min<size_t>(size - at - 2, data[at] | (static_cast<size_t>(data[at + 1]) << 8));
@@ -34,7 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       continue;
     }
     pagoda::DecodeWork work;
-    (void)pagoda::decode_request(request, g, pagoda::fuzz::kFuzzMaxBatch, work);
+    pagoda::v1::DecodeResponse response;
+    (void)pagoda::admit_decode(request, static_cast<int64_t>(n), settings, work, response);
   }
   return 0;
 }

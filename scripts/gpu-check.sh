@@ -34,6 +34,15 @@ step nvidia-smi 30 nvidia-smi
 if [[ -x "$bin/pagoda_cuda_tests" ]]; then
   step cuda-tests 300 "$bin/pagoda_cuda_tests" --gtest_output="json:$out/cuda-tests.json"
   grep -E "^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ test" "$out/cuda-tests.out" | tee -a "$out/summary.txt"
+  # On a machine with a GPU a skipped CUDA test is a failure: the tests skip
+  # only when no device answers, which here means the check did not run them.
+  if grep -qE "^\[  SKIPPED \] [1-9][0-9]* test" "$out/cuda-tests.out"; then
+    echo "   cuda-tests: tests skipped on a machine with a GPU" | tee -a "$out/summary.txt"
+    failed=1
+  fi
+else
+  echo "   cuda-tests: $bin/pagoda_cuda_tests missing from the bundle" | tee -a "$out/summary.txt"
+  failed=1
 fi
 
 # The kernels under compute-sanitizer on a few shapes: out-of-bounds and

@@ -2,7 +2,7 @@
 // The in-process baseline of the service benchmark: a backend built in this
 // process with the server's geometry (make_backend), filled with `batch`
 // sequences of `context` tokens, timed on the same decode the service runs. The
-// service's throughput divided by this one is the overhead ratio DESIGN §7 asks
+// service's throughput divided by this one is the overhead ratio docs/design.md §7 asks
 // for.
 
 #include <cstdint>

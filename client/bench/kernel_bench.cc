@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/decode_cpu.h"
+#include "pagoda/cpu_targets.h"
 #include "kernel_report.h"
 #include "naive_decode.h"
 #include "pagoda/backend.h"

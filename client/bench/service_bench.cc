@@ -152,6 +152,9 @@ void add_service_command(CLI::App& app, int& exit_code) {
   sub->add_option("--q-len", a->shape.q_len,
                   "Query rows per sequence and call (draft verification); each appends as many tokens")
       ->check(CLI::Range(1, 1024))->capture_default_str();
+  sub->add_flag("--shared-prefix", a->shape.shared_prefix,
+               "Each client's sequences are forks of one parent holding the context (ForkSequence count): whole "
+               "chunks are shared and read once");
   sub->add_option("--window", a->shape.window, "Sliding window of every call (0 = none)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_option("--dtype", a->dtype, "Wire dtype of q, k, v")

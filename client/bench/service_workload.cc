@@ -168,19 +168,34 @@ client::Result<std::vector<ClientSequences>> prepare_sequences(client::Client& c
   const auto k = rng.normal(chunk * config.kv_row());
   const auto v = rng.normal(chunk * config.kv_row());
 
+  auto filled = [&](const std::string& label) -> client::Result<uint64_t> {
+    auto id = c.create_sequence(label);
+    if (!id.ok()) return id.error();
+    for (int32_t layer = 0; layer < shape.layers; ++layer) {
+      for (int64_t done = 0; done < shape.context; done += chunk) {
+        const auto n = static_cast<size_t>(std::min(chunk, shape.context - done) * config.kv_row());
+        auto len = c.append_kv(*id, layer, std::span(k).first(n), std::span(v).first(n), shape.dtype);
+        if (!len.ok()) return len.error();
+      }
+    }
+    return *id;
+  };
   std::vector<ClientSequences> all(shape.clients);
   for (int32_t ci = 0; ci < shape.clients; ++ci) {
+    if (shape.shared_prefix) {
+      // The forks keep the parent's blocks; the parent itself is not decoded.
+      auto parent = filled(fmt::format("bench-c{}-parent", ci));
+      if (!parent.ok()) return parent.error();
+      auto forks = c.fork_sequences(*parent, shape.batch);
+      (void)c.free_sequence(*parent);
+      if (!forks.ok()) return forks.error();
+      all[ci].ids = *forks;
+      continue;
+    }
     for (int32_t b = 0; b < shape.batch; ++b) {
-      auto id = c.create_sequence(fmt::format("bench-c{}-s{}", ci, b));
+      auto id = filled(fmt::format("bench-c{}-s{}", ci, b));
       if (!id.ok()) return id.error();
       all[ci].ids.push_back(*id);
-      for (int32_t layer = 0; layer < shape.layers; ++layer) {
-        for (int64_t done = 0; done < shape.context; done += chunk) {
-          const auto n = static_cast<size_t>(std::min(chunk, shape.context - done) * config.kv_row());
-          auto len = c.append_kv(*id, layer, std::span(k).first(n), std::span(v).first(n), shape.dtype);
-          if (!len.ok()) return len.error();
-        }
-      }
     }
   }
   return all;

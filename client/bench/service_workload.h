@@ -28,6 +28,9 @@ struct WorkloadShape {
   int32_t q_len = 1;          // query rows (and appended tokens) per sequence and call
   int32_t window = 0;         // sliding window of every call, 0: none
   bool append = true;         // each call appends a token (false: lengths stay at context)
+  // Each client's sequences are forks of one parent holding the context
+  // (ForkSequence count): their whole chunks are shared and read once.
+  bool shared_prefix = false;
   DType dtype = DType::kFloat32;  // wire dtype of q, k, v
 };
 
@@ -59,7 +62,7 @@ struct RunResult {
 };
 
 // Keys the rows of a sequence of `length` tokens attend: from the first row's
-// window start to the end (DESIGN §9).
+// window start to the end (docs/design.md §9).
 int64_t attended_keys(int32_t length, int32_t q_len, int32_t window);
 
 // Mean sequence length over a run's calls.

@@ -1,5 +1,7 @@
 #include "pagoda/client/client.h"
 
+#include "pagoda/geometry_rules.h"
+
 #include <thread>
 
 #include <fmt/format.h>
@@ -158,9 +160,9 @@ Result<DecodeResult> Client::decode_step(const DecodeArgs& args, const RetryOpti
     for (uint64_t id : args.sequence_ids) {
       auto info = with_retries([&] { return get_sequence(id); });
       if (!info.ok()) return info.error();
-      if (args.layer < 0 || args.layer >= static_cast<int32_t>(info->layer_lengths.size())) {
-        return invalid_argument(
-            fmt::format("layer: expected [0, {}), received {}", info->layer_lengths.size(), args.layer));
+      // The server's own rule and wording (pagoda_core).
+      if (Status s = check_layer(args.layer, static_cast<int32_t>(info->layer_lengths.size())); !s.ok()) {
+        return invalid_argument(s.message());
       }
       lengths.push_back(info->layer_lengths[static_cast<size_t>(args.layer)]);
     }

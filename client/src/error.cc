@@ -7,14 +7,8 @@
 namespace pagoda::client {
 
 std::string error_code_name(int code) {
-  static constexpr std::array<std::string_view, 17> kNames = {
-      "OK",          "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",   "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",  "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",        "UNAVAILABLE",       "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  if (code >= 0 && code < static_cast<int>(kNames.size())) return std::string(kNames[code]);
-  return fmt::format("CODE_{}", code);
+  const std::string_view name = status_code_name(code);
+  return name.empty() ? fmt::format("CODE_{}", code) : std::string(name);
 }
 
 std::string Error::to_string() const {

@@ -59,7 +59,7 @@ void from_float(const float* src, void* dst, DType to, int64_t n) {
   pagoda::convert_from_float(src, dst, to, n);
 }
 
-void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
+void convert_n(const void* src, DType from, void* dst, DType to, int64_t n) {
   if (from == to || from == DType::kFloat32 || to == DType::kFloat32) {
     if (from == to) return pagoda::convert(src, from, dst, to, n);
     if (from == DType::kFloat32) return from_float(static_cast<const float*>(src), dst, to, n);

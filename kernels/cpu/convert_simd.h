@@ -14,11 +14,12 @@ namespace pagoda::cpu {
 void fp16_to_float_n(const uint16_t* src, float* dst, int64_t n);  // [n] -> [n]
 void float_to_fp16_n(const float* src, uint16_t* dst, int64_t n);  // [n] -> [n]
 
-// As pagoda::convert_to_float / convert_from_float / convert, in bulk.
+// As pagoda::convert_to_float / convert_from_float / convert (the scalar
+// definitions, pagoda/host_convert.h), in bulk, with the same bits.
 void to_float(const void* src, DType from, float* dst, int64_t n);
 void from_float(const float* src, void* dst, DType to, int64_t n);
 // Any dtype to any dtype; through a small stack buffer of fp32 where both differ from fp32.
-void convert(const void* src, DType from, void* dst, DType to, int64_t n);
+void convert_n(const void* src, DType from, void* dst, DType to, int64_t n);
 
 // dst = src / scale in the cache dtype `to` (fp8: saturating, pagoda/fp8.h).
 // Returns how many elements saturated.

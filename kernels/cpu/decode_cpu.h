@@ -23,6 +23,7 @@
 #include "pagoda/dtype.h"
 #include "pagoda/key_ranges.h"
 #include "pagoda/paged_kv.h"
+#include "pagoda/cpu_targets.h"
 #include "pagoda/status.h"
 
 namespace pagoda::cpu {
@@ -89,18 +90,5 @@ inline int64_t partial_scratch_floats(int32_t rows, int32_t head_dim) {
 }
 
 void compute_partial(const PartialTask& task);
-
-// Name of the SIMD target the dispatcher runs (for logs and benches), e.g. "AVX3", "AVX2".
-const char* simd_target_name();
-
-// Restricts dispatch to `target`: "best" (every target this CPU has), "avx3"
-// (AVX-512) or "avx2". FAILED_PRECONDITION when the CPU lacks it. Affects the
-// whole process; call before any decode runs (benches and tests).
-Status select_simd_target(const std::string& target);
-
-// Fused multiply-add throughput of `threads` threads on the dispatched target,
-// FLOP/s (2 per lane per FMA), from a register-resident loop: the compute roof
-// a kernel's FLOPs are measured against.
-double measure_fma_peak(int32_t threads);
 
 }  // namespace pagoda::cpu

@@ -39,7 +39,7 @@ struct PartialStates {
   float* l = nullptr;    // [partial rows]
 };
 
-// The attention variant of a launch (DESIGN §9), as the kernels read it.
+// The attention variant of a launch (docs/design.md §9), as the kernels read it.
 // Sequence b's query rows are [q_indptr[b], q_indptr[b+1]), its last tokens.
 struct VariantParams {
   const int32_t* q_indptr = nullptr;  // [batch + 1], always set

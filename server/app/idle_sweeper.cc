@@ -5,14 +5,12 @@
 #include <spdlog/spdlog.h>
 
 #include "cache/cache_manager.h"
-#include "observability/cache_gauges.h"
 #include "observability/metrics.h"
 
 namespace pagoda {
 
-IdleSweeper::IdleSweeper(CacheManager& cache, CacheGauges& gauges, Metrics& metrics, std::chrono::duration<double> ttl)
+IdleSweeper::IdleSweeper(CacheManager& cache, Metrics& metrics, std::chrono::duration<double> ttl)
     : cache_(cache),
-      gauges_(gauges),
       metrics_(metrics),
       ttl_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(ttl)),
       thread_([this] { run(); }) {}
@@ -38,10 +36,7 @@ void IdleSweeper::run() {
     for (const auto& e : evicted) {
       spdlog::info("idle-ttl: freed sequence {} ('{}') unused for {:.1f} s", e.id, e.label, e.idle_seconds);
     }
-    if (!evicted.empty()) {
-      metrics_.add_sequences_evicted(static_cast<int64_t>(evicted.size()));
-      gauges_.publish();
-    }
+    if (!evicted.empty()) metrics_.add_sequences_evicted(static_cast<int64_t>(evicted.size()));
     lock.lock();
   }
 }

@@ -11,13 +11,12 @@
 namespace pagoda {
 
 class CacheManager;
-class CacheGauges;
 class Metrics;
 
 class IdleSweeper {
  public:
   // Sweeps every ttl / 4 (between 10 ms and 1 s) until stop().
-  IdleSweeper(CacheManager& cache, CacheGauges& gauges, Metrics& metrics, std::chrono::duration<double> ttl);
+  IdleSweeper(CacheManager& cache, Metrics& metrics, std::chrono::duration<double> ttl);
   ~IdleSweeper();
   IdleSweeper(const IdleSweeper&) = delete;
   IdleSweeper& operator=(const IdleSweeper&) = delete;
@@ -28,7 +27,6 @@ class IdleSweeper {
   void run();
 
   CacheManager& cache_;
-  CacheGauges& gauges_;
   Metrics& metrics_;
   const std::chrono::steady_clock::duration ttl_;
   std::mutex mu_;

@@ -1,5 +1,5 @@
 #pragma once
-// --kv-scales: the per-layer K and V scales of the cache (DESIGN §9). Either
+// --kv-scales: the per-layer K and V scales of the cache (docs/design.md §9). Either
 // "K,V" for every layer, or the path of a file with one "layer k_scale
 // v_scale" line per layer (blank lines and '#' comments allowed).
 

@@ -87,7 +87,9 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   s->cache_->set_saturation_observer(
       [m = s->metrics_.get()](int32_t layer, int64_t elements) { m->add_kv_saturated(layer, elements); });
   s->metrics_->set_build_info({PAGODA_VERSION, s->backend_->name(), s->backend_->device_name()});
+  // The cache reports its changes; the gauges listen.
   s->cache_gauges_ = std::make_unique<CacheGauges>(*s->cache_, *s->metrics_);
+  s->cache_->set_change_listener([g = s->cache_gauges_.get()] { g->publish(); });
   s->cache_gauges_->publish();
 
   DeterminismCheckerOptions checks;
@@ -101,7 +103,7 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
     check_stream = std::move(*stream);
   }
   s->checker_ = std::make_unique<DeterminismChecker>(std::move(check_stream), *s->cache_, *s->metrics_,
-                                                     s->cache_gauges_.get(), checks);
+                                                     checks);
 
   EngineOptions engine;
   engine.max_batch = raw.max_batch;
@@ -110,7 +112,6 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   engine.split_tokens = raw.split_tokens;
   EngineObservers observers;
   observers.metrics = s->metrics_.get();
-  observers.cache_gauges = s->cache_gauges_.get();
   observers.checker = s->checker_.get();
   StatusOr<std::unique_ptr<Engine>> created_engine = Engine::create(*s->backend_, *s->cache_, engine, observers);
   PAGODA_RETURN_IF_ERROR(created_engine.status());
@@ -143,7 +144,7 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   }
   s->apply_tenant_limits();
   s->service_ = std::make_unique<DecodeAttentionService>(settings, *s->backend_, *s->cache_, *s->engine_,
-                                                         *s->metrics_, *s->cache_gauges_, *s->auth_);
+                                                         *s->metrics_, *s->auth_);
 
   // Both process-wide switches must be set before the builder is created.
   // Reflection answers without a token, so it is served only when auth is off.
@@ -181,7 +182,7 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
       },
       std::chrono::duration<double>(raw.log_summary_interval));
   if (raw.idle_ttl > 0) {
-    s->sweeper_ = std::make_unique<IdleSweeper>(*s->cache_, *s->cache_gauges_, *s->metrics_,
+    s->sweeper_ = std::make_unique<IdleSweeper>(*s->cache_, *s->metrics_,
                                                 std::chrono::duration<double>(raw.idle_ttl));
   }
   return s;

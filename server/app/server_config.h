@@ -1,5 +1,5 @@
 #pragma once
-// The server's settings: one field per flag of DESIGN §5's table (flag names,
+// The server's settings: one field per flag of docs/design.md §5's table (flag names,
 // environment variables and defaults live in server_flags.cc), checked as a whole
 // before anything starts.
 

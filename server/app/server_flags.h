@@ -1,5 +1,5 @@
 #pragma once
-// pagoda-server's command line: the flags of DESIGN §5's table, each also read
+// pagoda-server's command line: the flags of docs/design.md §5's table, each also read
 // from the environment as PAGODA_ + its name upper-cased with '_' for '-'.
 
 #include <CLI/App.hpp>

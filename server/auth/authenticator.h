@@ -1,5 +1,5 @@
 #pragma once
-// Bearer-token authentication (DESIGN §10): the `authorization: Bearer TOKEN`
+// Bearer-token authentication (docs/design.md §10): the `authorization: Bearer TOKEN`
 // metadata of a call names its tenant. Off (no --auth-tokens), every call is
 // the default tenant. Tokens are compared in constant time (no early exit on
 // the first differing byte or on a match) and never logged; reload() swaps in

@@ -82,6 +82,8 @@ Status CacheManager::check_sequence_quota(TenantId tenant, int64_t adding) {
 }
 
 SequenceId CacheManager::create(std::string label) {
+  ChangeNotice notice(*this);
+  notice.arm();
   std::lock_guard lock(mu_);
   const SequenceId id = ids_.next();
   ++usage_of(kDefaultTenant).sequences;
@@ -95,6 +97,7 @@ SequenceId CacheManager::create(std::string label) {
 }
 
 StatusOr<SequenceId> CacheManager::create_for(TenantId tenant, std::string label) {
+  ChangeNotice notice(*this);
   std::lock_guard lock(mu_);
   PAGODA_RETURN_IF_ERROR(check_sequence_quota(tenant));
   const SequenceId id = ids_.next();
@@ -106,6 +109,7 @@ StatusOr<SequenceId> CacheManager::create_for(TenantId tenant, std::string label
   s.lengths.assign(layers, 0);
   s.pending.assign(layers, -1);
   sequences_.emplace(id, std::move(s));
+  notice.arm();
   return id;
 }
 
@@ -117,6 +121,7 @@ StatusOr<SequenceId> CacheManager::fork(SequenceId source, TenantId tenant) {
 
 StatusOr<std::vector<SequenceId>> CacheManager::fork(SequenceId source, TenantId tenant, int32_t count) {
   assert(count >= 1 && "the rpc layer validates the count");
+  ChangeNotice notice(*this);
   std::lock_guard lock(mu_);
   Sequence* s = find(source, tenant);
   if (s == nullptr) return NotFound("source_id: no sequence {}", source);
@@ -136,10 +141,12 @@ StatusOr<std::vector<SequenceId>> CacheManager::fork(SequenceId source, TenantId
     sequences_.emplace(id, copy);
     ids.push_back(id);
   }
+  notice.arm();
   return ids;
 }
 
 Status CacheManager::free(SequenceId id, TenantId tenant) {
+  ChangeNotice notice(*this);
   std::lock_guard lock(mu_);
   auto it = sequences_.find(id);
   if (it == sequences_.end() || it->second.tenant != tenant) return NotFound("sequence_id: no sequence {}", id);
@@ -148,11 +155,13 @@ Status CacheManager::free(SequenceId id, TenantId tenant) {
   for (int32_t b : it->second.blocks) unshare(b);
   --usage_of(tenant).sequences;
   sequences_.erase(it);
+  notice.arm();
   return Status::Ok();
 }
 
 StatusOr<std::vector<int32_t>> CacheManager::truncate(SequenceId id, int32_t length, TenantId tenant) {
   if (length < 0) return InvalidArgument("length: expected >= 0, received {}", length);
+  ChangeNotice notice(*this);
   // Every layer's writer token, in layer order: no append is between its
   // reservation and its commit, so no reserved slot is cut away under it.
   std::vector<std::unique_lock<std::mutex>> writers;
@@ -177,6 +186,7 @@ StatusOr<std::vector<int32_t>> CacheManager::truncate(SequenceId id, int32_t len
   // A partly kept last block that a reservation still reads past the cut:
   // the next write into it must not land where that reservation reads.
   if (longest % bs != 0 && pins_[s->blocks.back()] > 0) s->copy_if_pinned = static_cast<int32_t>(keep) - 1;
+  notice.arm();
   return s->lengths;
 }
 
@@ -190,6 +200,7 @@ StatusOr<SequenceInfo> CacheManager::info(SequenceId id, TenantId tenant) {
 
 std::vector<CacheManager::Evicted> CacheManager::evict_idle(std::chrono::steady_clock::duration ttl) {
   std::vector<Evicted> evicted;
+  ChangeNotice notice(*this);
   std::lock_guard lock(mu_);
   const auto now = std::chrono::steady_clock::now();
   for (auto it = sequences_.begin(); it != sequences_.end();) {
@@ -203,6 +214,7 @@ std::vector<CacheManager::Evicted> CacheManager::evict_idle(std::chrono::steady_
     --usage_of(it->second.tenant).sequences;
     it = sequences_.erase(it);
   }
+  if (!evicted.empty()) notice.arm();
   return evicted;
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// The paged KV cache's bookkeeping (DESIGN §3): the block pool, each sequence's
+// The paged KV cache's bookkeeping (docs/design.md §3): the block pool, each sequence's
 // block table and per-layer lengths, sharing between forks (copy-on-write), and
 // reservations (reservation.h) that pin what a computation reads and own the
 // slots an append writes.
@@ -67,7 +67,7 @@ struct ReserveRequest {
   std::span<const int32_t> expected_lengths;
   // The wire field errors name: DecodeRequest's list, or AppendKV's scalar.
   bool expected_length_is_scalar = false;
-  // [ids] query rows each sequence attends with (DESIGN §9); empty: one each,
+  // [ids] query rows each sequence attends with (docs/design.md §9); empty: one each,
   // unchecked. A sequence holding fewer tokens than its rows after the append
   // is INVALID_ARGUMENT (one row on an empty sequence is allowed).
   std::span<const int32_t> query_rows;
@@ -90,6 +90,12 @@ class CacheManager {
   CacheManager& operator=(const CacheManager&) = delete;
 
   const CacheGeometry& geometry() const { return geometry_; }
+
+  // Told after every change of what the cache holds (blocks taken or freed,
+  // sequences made or dropped, a tenant's usage), outside the bookkeeping
+  // lock, on the thread that made it; set once before serving. The cache only
+  // reports; observability decides what to count (CacheGauges listens).
+  void set_change_listener(std::function<void()> listener) { change_listener_ = std::move(listener); }
 
   // Called with (layer, elements) after a write an fp8 cache saturated in;
   // set once before serving.
@@ -144,7 +150,8 @@ class CacheManager {
 
   // Starts `r` (emptied first) on `layer`. `appends`: some request will append,
   // so the layer's writer token is taken (waiting for another appender).
-  Status begin(int32_t layer, bool appends, Reservation& r);
+  // The layer comes validated (rpc/admission.h).
+  void begin(int32_t layer, bool appends, Reservation& r);
   // Adds one request to `r`: its sequences (each with its length after the
   // append) and the slots and copies its new tokens need. All or nothing: on
   // error `r` is as before. Errors: NOT_FOUND (unknown id), FAILED_PRECONDITION
@@ -195,6 +202,21 @@ class CacheManager {
   // A block being copied into by a reservation that has not finished its copy.
   enum class Fill : uint8_t { kReady, kFilling, kFailed };
 
+  // Tells the change listener when it goes out of scope, if armed: declared
+  // before the lock, so the listener runs after the lock is released.
+  class ChangeNotice {
+   public:
+    explicit ChangeNotice(const CacheManager& cache) : cache_(cache) {}
+    ~ChangeNotice() {
+      if (armed_ && cache_.change_listener_) cache_.change_listener_();
+    }
+    void arm() { armed_ = true; }
+
+   private:
+    const CacheManager& cache_;
+    bool armed_ = false;
+  };
+
   // Under mu_:
   Sequence* find(SequenceId id);  // any tenant's: for the cache's own bookkeeping
   Sequence* find(SequenceId id, TenantId tenant);  // the caller's only
@@ -215,6 +237,7 @@ class CacheManager {
 
   const CacheGeometry geometry_;
   std::function<void(int32_t, int64_t)> saturation_observer_;
+  std::function<void()> change_listener_;
   int64_t max_request_blocks_ = 0;
   int64_t max_sequences_ = 0;
   int64_t max_sequence_tokens_ = 0;

@@ -57,13 +57,12 @@ void Reservation::clear() {
 
 // ---- CacheManager: reservations ---------------------------------------------
 
-Status CacheManager::begin(int32_t layer, bool appends, Reservation& r) {
+void CacheManager::begin(int32_t layer, bool appends, Reservation& r) {
   r.release();
-  PAGODA_RETURN_IF_ERROR(check_layer(layer, geometry_.num_layers));
+  assert(layer >= 0 && layer < geometry_.num_layers && "admission validates the layer");
   if (appends) r.writer_ = std::unique_lock<std::mutex>(writers_[static_cast<size_t>(layer)]);
   r.owner_ = this;
   r.layer_ = layer;
-  return Status::Ok();
 }
 
 bool CacheManager::needs_copy(const Sequence& s, int32_t index, int32_t copies_planned) const {
@@ -347,18 +346,23 @@ void CacheManager::rollback(Reservation& r) {
 }
 
 int32_t CacheManager::release(Reservation& r) {
+  // An appending reservation changed occupancy (committed or rolled back); a
+  // reading one only when its unpins return blocks a free left behind.
+  ChangeNotice notice(*this);
   std::lock_guard lock(mu_);
   const size_t free_before = free_list_.size();
   if (!r.committed_) rollback(r);
   for (int32_t b : r.block_ids_) unpin(b);
-  return static_cast<int32_t>(free_list_.size() - free_before);
+  const auto freed = static_cast<int32_t>(free_list_.size() - free_before);
+  if (freed > 0 || r.writer_.owns_lock()) notice.arm();
+  return freed;
 }
 
 StatusOr<int32_t> CacheManager::append(BackendStream& stream, SequenceId id, int32_t layer, int32_t num_tokens,
                                        const void* k, const void* v, DType dtype,
                                        std::optional<int32_t> expected_length, TenantId tenant) {
   Reservation r;
-  PAGODA_RETURN_IF_ERROR(begin(layer, num_tokens > 0, r));
+  begin(layer, num_tokens > 0, r);
   const SequenceId ids[] = {id};
   const int32_t expected[] = {expected_length.value_or(0)};
   ReserveRequest request;

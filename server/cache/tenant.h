@@ -1,7 +1,7 @@
 #pragma once
 // Tenants as the cache knows them: a small number per tenant (auth/ maps
 // tokens to names and names to numbers). Every sequence belongs to one, and
-// a lookup by another tenant finds nothing (DESIGN §10).
+// a lookup by another tenant finds nothing (docs/design.md §10).
 
 #include <cstdint>
 #include <string>

@@ -12,7 +12,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "observability/cache_gauges.h"
 #include "pagoda/host_convert.h"
 
 namespace pagoda {
@@ -32,8 +31,8 @@ double uniform01() {
 }  // namespace
 
 DeterminismChecker::DeterminismChecker(std::unique_ptr<BackendStream> stream, CacheManager& cache, Metrics& metrics,
-                                       CacheGauges* gauges, const DeterminismCheckerOptions& options)
-    : stream_(std::move(stream)), cache_(cache), metrics_(metrics), gauges_(gauges), options_(options) {
+                                       const DeterminismCheckerOptions& options)
+    : stream_(std::move(stream)), cache_(cache), metrics_(metrics), options_(options) {
   if (!enabled() || stream_ == nullptr) return;
   const CacheGeometry& g = cache.geometry();
   const size_t capacity = std::max<size_t>(1, options_.queue_capacity);
@@ -122,7 +121,6 @@ void DeterminismChecker::stop() {
   if (worker_.joinable()) worker_.join();
   // Queued checks are dropped; their pins go with them.
   for (Job& job : jobs_) job.pins.release();
-  if (gauges_) gauges_->publish();
 }
 
 void DeterminismChecker::wait_idle() {
@@ -149,8 +147,7 @@ void DeterminismChecker::worker_loop() {
     lock.unlock();
     check(jobs_[index]);
     jobs_[index].pins.release();
-    if (gauges_) gauges_->publish();
-    lock.lock();
+      lock.lock();
     busy_ = false;
     free_jobs_.push_back(index);
     cv_.notify_all();

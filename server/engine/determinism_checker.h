@@ -1,5 +1,5 @@
 #pragma once
-// The live determinism checker (DESIGN §5 item 5, §6): a sampled fraction of decoded
+// The live determinism checker (docs/design.md §5 item 5, §6): a sampled fraction of decoded
 // sequences is recomputed ALONE (a batch of one) and its output bytes compared with
 // what the caller received.
 //
@@ -36,7 +36,6 @@
 
 namespace pagoda {
 
-class CacheGauges;
 
 struct DeterminismCheckerOptions {
   double sample_rate = 0;  // 0 disables, 1 checks every decoded sequence
@@ -66,10 +65,9 @@ struct DecodedSequence {
 
 class DeterminismChecker {
  public:
-  // `stream` runs the recomputations (may be null when sample_rate is 0);
-  // `gauges` (may be null) is told when a check releases its blocks.
+  // `stream` runs the recomputations (may be null when sample_rate is 0).
   DeterminismChecker(std::unique_ptr<BackendStream> stream, CacheManager& cache, Metrics& metrics,
-                     CacheGauges* gauges, const DeterminismCheckerOptions& options);
+                     const DeterminismCheckerOptions& options);
   DeterminismChecker(const DeterminismChecker&) = delete;
   DeterminismChecker& operator=(const DeterminismChecker&) = delete;
   ~DeterminismChecker();  // stop()
@@ -116,7 +114,6 @@ class DeterminismChecker {
   std::unique_ptr<BackendStream> stream_;
   CacheManager& cache_;
   Metrics& metrics_;
-  CacheGauges* gauges_;
   const DeterminismCheckerOptions options_;
   std::atomic<Perturbation> perturb_{nullptr};
 

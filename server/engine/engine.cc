@@ -8,7 +8,6 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/determinism_checker.h"
-#include "observability/cache_gauges.h"
 
 namespace pagoda {
 namespace {
@@ -208,7 +207,7 @@ bool Engine::take_batch(Batch& batch, EngineClock::time_point& wake) {
     batch.items.push_back(q.front());
     q.pop_front();
   } else {
-    // The run of Decode items one launch can take: same q dtype and scale, in
+    // The run of Decode items one launch can take (same_launch: q dtype, scale and variant), in
     // order (stopping at the first that does not fit keeps reservations in order).
     const DecodeWork& head = *q.front().decode;
     size_t n = 0;
@@ -271,25 +270,18 @@ void Engine::run_append(Worker& w, AppendWork& work) {
       cache_.append(*w.stream, work.id, work.layer, work.num_tokens, work.k, work.v, work.dtype, work.expected_length,
                     work.tenant);
   if (length.ok()) work.layer_length = *length;
-  if (observers_.cache_gauges) observers_.cache_gauges->publish();
   work.done->work_done(length.status());
 }
 
-void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
-  const CacheGeometry& g = backend_.geometry();
-  const auto start = EngineClock::now();
+// Reserves item by item in queue order (each sees the lengths the ones before
+// it leave); a failed item changes nothing and is answered at once. Then the
+// copies, K/V writes and the commit, outside the cache's lock. False: nothing
+// to launch (every item answered).
+bool Engine::reserve_batch(Worker& w, std::vector<Item>& items, EngineClock::time_point start, bool appends) {
   w.launched.clear();
   w.sources.clear();
-  const int32_t layer = items.front().decode->layer;
-  const bool appends = std::any_of(items.begin(), items.end(), [](const Item& it) { return it.decode->k != nullptr; });
   Reservation& r = w.reservation;
-  // The layer was validated by the rpc layer; begin cannot fail on it.
-  const Status begun = cache_.begin(layer, appends, r);
-  assert(begun.ok());
-  (void)begun;
-
-  // Reserve item by item in queue order (each sees the lengths the ones before
-  // it leave); a failed item changes nothing and is answered at once.
+  cache_.begin(items.front().decode->layer, appends, r);
   for (size_t i = 0; i < items.size(); ++i) {
     DecodeWork& d = *items[i].decode;
     d.queue_us = micros_between(d.enqueued, start);
@@ -307,8 +299,7 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
     }
     request.query_rows = d.q_lengths;
     request.expected_lengths = d.expected_lengths;
-    const Status status = cache_.reserve(r, request);
-    if (!status.ok()) {
+    if (const Status status = cache_.reserve(r, request); !status.ok()) {
       d.compute_us = micros_between(start, EngineClock::now());
       d.done->work_done(status);
       continue;
@@ -316,32 +307,32 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
     w.launched.push_back(i);
     w.sources.push_back({d.k, d.v, d.kv_dtype});
   }
-  // Copies, K/V writes and the commit, outside the cache's lock.
   Status status;
   if (appends && !w.launched.empty()) status = cache_.finish(r, *w.stream, w.sources);
-  if (w.launched.empty() || !status.ok()) {
-    r.release();  // an append that did not commit rolls back whole
-    if (appends && observers_.cache_gauges) observers_.cache_gauges->publish();
-    if (!status.ok()) {
-      spdlog::error("engine: K/V write of {} requests on layer {} failed: {}", w.launched.size(), layer,
-                    status.message());
-    }
-    for (size_t i : w.launched) {
-      DecodeWork& d = *items[i].decode;
-      d.compute_us = micros_between(start, EngineClock::now());
-      d.done->work_done(status);
-    }
-    return;
+  if (!w.launched.empty() && status.ok()) return true;
+  r.release();  // an append that did not commit rolls back whole
+  if (!status.ok()) {
+    spdlog::error("engine: K/V write of {} requests on layer {} failed: {}", w.launched.size(), r.layer(),
+                  status.message());
   }
-  const double append_seconds = appends ? micros_between(start, EngineClock::now()) * 1e-6 : 0.0;
+  for (size_t i : w.launched) {
+    DecodeWork& d = *items[i].decode;
+    d.compute_us = micros_between(start, EngineClock::now());
+    d.done->work_done(status);
+  }
+  return false;
+}
 
-  const int32_t batch = r.batch();
+// The launch of the reserved items: their tables, the variant of the head
+// item (take_batch joined only items that share it), the query rows per
+// sequence, and where q comes from and results go: a lone request in place, a
+// coalesced batch through the worker's contiguous scratch.
+void Engine::gather_launch(Worker& w, const std::vector<Item>& items, DecodeLaunch& launch, DecodeOutputs& outputs) {
+  const CacheGeometry& g = backend_.geometry();
+  const Reservation& r = w.reservation;
   const DecodeWork& head = *items[w.launched.front()].decode;
   const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * dtype_size(head.q_dtype);
-  const size_t lse_row = static_cast<size_t>(g.num_q_heads);
-
-  DecodeLaunch launch;
-  launch.layer = layer;
+  launch.layer = r.layer();
   launch.tables = r.tables();
   launch.q_dtype = head.q_dtype;
   launch.scale = head.scale;
@@ -354,7 +345,6 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
     std::memcpy(w.sinks.data(), head.sinks, w.sinks.size() * sizeof(float));
     launch.sinks = w.sinks.data();
   }
-  // Query rows per sequence, when any item has more than one.
   int32_t rows = 0;
   bool multi = false;
   for (size_t i : w.launched) {
@@ -371,55 +361,45 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
     }
     launch.q_indptr = w.q_indptr.data();
   }
-  DecodeOutputs outputs;
-
-  // A lone request reads its q and writes its results in place; a coalesced
-  // batch goes through contiguous scratch.
-  const bool alone = w.launched.size() == 1;
-  if (alone) {
+  if (w.launched.size() == 1) {
     launch.q = head.q;
     outputs.out = head.out;
     outputs.lse = head.lse;
     outputs.splits = head.splits;
-  } else {
-    w.q.resize(row_bytes * static_cast<size_t>(rows));
-    w.out.resize(row_bytes * static_cast<size_t>(rows));
-    w.lse.resize(lse_row * static_cast<size_t>(rows));
-    w.splits.resize(static_cast<size_t>(batch));
-    size_t row = 0;
-    for (size_t i : w.launched) {
-      const DecodeWork& d = *items[i].decode;
-      std::memcpy(w.q.data() + row * row_bytes, d.q, static_cast<size_t>(d.rows) * row_bytes);
-      row += static_cast<size_t>(d.rows);
-    }
-    launch.q = w.q.data();
-    outputs.out = w.out.data();
-    outputs.lse = w.lse.data();
-    outputs.splits = w.splits.data();
+    return;
   }
-  status = w.stream->decode(launch, outputs);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++counters_.launches;
-    counters_.sequences += static_cast<uint64_t>(batch);
-    counters_.largest_batch = std::max(counters_.largest_batch, batch);
+  w.q.resize(row_bytes * static_cast<size_t>(rows));
+  w.out.resize(row_bytes * static_cast<size_t>(rows));
+  w.lse.resize(static_cast<size_t>(g.num_q_heads) * static_cast<size_t>(rows));
+  w.splits.resize(static_cast<size_t>(r.batch()));
+  size_t row = 0;
+  for (size_t i : w.launched) {
+    const DecodeWork& d = *items[i].decode;
+    std::memcpy(w.q.data() + row * row_bytes, d.q, static_cast<size_t>(d.rows) * row_bytes);
+    row += static_cast<size_t>(d.rows);
   }
-  if (status.ok()) observe_launch(w, items, launch, outputs, append_seconds);
-  const std::span<const int32_t> lengths = r.lengths();
-  const double compute_us = micros_between(start, EngineClock::now());
-  spdlog::trace("engine: layer {} launch of {} requests, {} sequences, {:.1f} us", layer, w.launched.size(), batch,
-                compute_us);
-  if (!status.ok()) {
-    spdlog::error("engine: backend decode of {} sequences on layer {} failed: {}", batch, layer, status.message());
-  }
+  launch.q = w.q.data();
+  outputs.out = w.out.data();
+  outputs.lse = w.lse.data();
+  outputs.splits = w.splits.data();
+}
 
+// Each launched item's results: out of the worker's scratch (a coalesced
+// batch), lengths and chunk length, the batch's compute time.
+void Engine::scatter_results(Worker& w, std::vector<Item>& items, const DecodeLaunch& launch,
+                             const DecodeOutputs& outputs, bool ok, double compute_us) {
+  const CacheGeometry& g = backend_.geometry();
+  const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * dtype_size(launch.q_dtype);
+  const size_t lse_row = static_cast<size_t>(g.num_q_heads);
+  const bool alone = w.launched.size() == 1;
+  const std::span<const int32_t> lengths = w.reservation.lengths();
   size_t row = 0;  // query rows
   size_t seq = 0;  // sequences
   for (size_t i : w.launched) {
     DecodeWork& d = *items[i].decode;
     const size_t n = d.ids.size();
     const auto rows_of_d = static_cast<size_t>(d.rows);
-    if (status.ok()) {
+    if (ok) {
       if (!alone) {
         std::memcpy(d.out, w.out.data() + row * row_bytes, rows_of_d * row_bytes);
         if (d.lse) std::memcpy(d.lse, w.lse.data() + row * lse_row, rows_of_d * lse_row * sizeof(float));
@@ -432,10 +412,36 @@ void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
     row += rows_of_d;
     seq += n;
   }
-  const int32_t freed = r.release();  // blocks are unpinned before anyone is told
-  // Occupancy changes with appends, and when the release returns blocks a free
-  // left pinned: no reading of the cache per plain decode.
-  if ((appends || freed > 0) && observers_.cache_gauges) observers_.cache_gauges->publish();
+}
+
+// One batch: reserve (and append), gather, launch, observe, scatter; the
+// reservation is released (blocks unpinned) before any caller is told.
+void Engine::run_decode_batch(Worker& w, std::vector<Item>& items) {
+  const auto start = EngineClock::now();
+  const bool appends = std::any_of(items.begin(), items.end(), [](const Item& it) { return it.decode->k != nullptr; });
+  if (!reserve_batch(w, items, start, appends)) return;
+  const double append_seconds = appends ? micros_between(start, EngineClock::now()) * 1e-6 : 0.0;
+  DecodeLaunch launch;
+  DecodeOutputs outputs;
+  gather_launch(w, items, launch, outputs);
+  const Status status = w.stream->decode(launch, outputs);
+  const int32_t batch = w.reservation.batch();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counters_.launches;
+    counters_.sequences += static_cast<uint64_t>(batch);
+    counters_.largest_batch = std::max(counters_.largest_batch, batch);
+  }
+  if (status.ok()) observe_launch(w, items, launch, outputs, append_seconds);
+  const double compute_us = micros_between(start, EngineClock::now());
+  spdlog::trace("engine: layer {} launch of {} requests, {} sequences, {:.1f} us", launch.layer, w.launched.size(),
+                batch, compute_us);
+  if (!status.ok()) {
+    spdlog::error("engine: backend decode of {} sequences on layer {} failed: {}", batch, launch.layer,
+                  status.message());
+  }
+  scatter_results(w, items, launch, outputs, status.ok(), compute_us);
+  w.reservation.release();  // blocks are unpinned (and the cache reports what changed) before anyone is told
   for (size_t i : w.launched) items[i].decode->done->work_done(status);
 }
 

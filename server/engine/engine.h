@@ -4,7 +4,8 @@
 // Handlers validate a request, fill in a work item that points into the
 // request's own bytes and the response's buffers, and enqueue it; they never
 // compute. A worker takes the oldest layer's head item and coalesces the Decode
-// items queued behind it (same q dtype and scale, in order) up to `max_batch`
+// items queued behind it that can share its launch (same q dtype, scale and
+// attention variant: window, soft-cap, sinks; in order) up to `max_batch`
 // sequences into ONE backend launch, waiting up to `max_batch_wait_us` only for
 // calls that are already being validated. Each item's cache reservation (and
 // the append of its new K/V) happens in queue order, so pipelined steps of one
@@ -32,13 +33,11 @@
 
 namespace pagoda {
 
-class CacheGauges;
 class DeterminismChecker;
 
 // Where the engine reports; each may be null (then nothing is observed there).
 struct EngineObservers {
   Metrics* metrics = nullptr;              // stages, batch sizes, bytes read
-  CacheGauges* cache_gauges = nullptr;     // told after each launch and append
   DeterminismChecker* checker = nullptr;   // handed sampled sequences of each launch
 };
 
@@ -122,6 +121,11 @@ class Engine {
   bool take_batch(Batch& batch, EngineClock::time_point& wake);
   void run_append(Worker& w, AppendWork& work);
   void run_decode_batch(Worker& w, std::vector<Item>& items);
+  // The steps of run_decode_batch, each on the worker's own scratch.
+  bool reserve_batch(Worker& w, std::vector<Item>& items, EngineClock::time_point start, bool appends);
+  void gather_launch(Worker& w, const std::vector<Item>& items, DecodeLaunch& launch, DecodeOutputs& outputs);
+  void scatter_results(Worker& w, std::vector<Item>& items, const DecodeLaunch& launch, const DecodeOutputs& outputs,
+                       bool ok, double compute_us);
   // After a successful launch, while its reservation still pins the blocks:
   // metrics and determinism samples.
   void observe_launch(Worker& w, const std::vector<Item>& items, const DecodeLaunch& launch,

@@ -4,7 +4,7 @@
 // resolved in advance (no family look-up, no allocation after a series' first use)
 // and are safe to call from any thread.
 //
-// Families (DESIGN §6; the README's metrics table describes each):
+// Families (docs/design.md §6; the README's metrics table describes each):
 //   pagoda_rpc_duration_seconds{method,code}      histogram
 //   pagoda_rpc_errors_total{method,code}          counter (code != OK)
 //   pagoda_decode_stage_seconds{stage}            histogram

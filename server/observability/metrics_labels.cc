@@ -17,15 +17,7 @@ std::string_view rpc_method_name(RpcMethod method) {
   return "Unknown";
 }
 
-std::string_view grpc_code_name(int code) {
-  static constexpr std::array<std::string_view, kNumGrpcCodes> kNames = {
-      "OK",           "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",    "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",   "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",         "UNAVAILABLE",       "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  return kNames[grpc_code_index(code)];
-}
+std::string_view grpc_code_name(int code) { return status_code_name(static_cast<int>(grpc_code_index(code))); }
 
 std::string_view decode_stage_name(DecodeStage stage) {
   switch (stage) {

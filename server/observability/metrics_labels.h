@@ -10,10 +10,11 @@
 #include <vector>
 
 #include "pagoda/split_plan.h"
+#include "pagoda/status.h"
 
 namespace pagoda {
 
-// The methods of service pagoda.v1.DecodeAttention (DESIGN §5).
+// The methods of service pagoda.v1.DecodeAttention (docs/design.md §5).
 enum class RpcMethod : uint8_t {
   kGetConfig,
   kCreateSequence,
@@ -39,9 +40,9 @@ inline constexpr std::size_t kNumDecodeStages = 5;
 
 inline constexpr std::size_t kNumSplitModes = 2;
 
-// gRPC status codes are 0..16; a value outside is reported as UNKNOWN (2).
-inline constexpr std::size_t kNumGrpcCodes = 17;
-inline constexpr int kGrpcUnknown = 2;
+// gRPC status codes are 0..16 (pagoda/status.h); a value outside is reported as UNKNOWN.
+inline constexpr std::size_t kNumGrpcCodes = kStatusCodeNames.size();
+inline constexpr int kGrpcUnknown = static_cast<int>(StatusCode::kUnknown);
 
 // "Decode", "AppendKV", ... as the proto names them.
 std::string_view rpc_method_name(RpcMethod method);

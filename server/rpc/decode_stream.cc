@@ -19,9 +19,9 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <spdlog/spdlog.h>
 
+#include "rpc/admission.h"
 #include "rpc/decode_response.h"
 #include "rpc/grpc_status.h"
-#include "rpc/request_decoding.h"
 #include "rpc/service.h"
 #include "rpc/stream_framing.h"
 
@@ -70,6 +70,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
       if (finished_) return;
       refuse = draining_;
     }
+    const auto wire_bytes = static_cast<int64_t>(slot->raw.Length());
     const Status framed =
         read_stream_message(index, slot->raw, service_.settings().max_message_bytes, slot->request);
     if (framed.code() == StatusCode::kInvalidArgument) {
@@ -81,12 +82,9 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
     Status status = refuse ? draining_status() : framed;
     if (status.ok()) {
       engine.note_arriving();
-      const ServiceSettings& settings = service_.settings();
-      status = decode_request(slot->request, settings.geometry, settings.max_batch, slot->work);
+      status = admit_decode(slot->request, wire_bytes, service_.settings(), slot->work, slot->response);
       slot->work.tenant = tenant_;
       engine.note_arrived();
-      if (status.ok() && slot->work.k != nullptr) status = check_request_tokens("k", slot->work.rows, settings);
-      if (status.ok()) prepare_response(slot->request, settings.geometry, slot->work, slot->response);
     }
     Slot* raw = slot.get();
     Actions act;

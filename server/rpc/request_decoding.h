@@ -27,7 +27,7 @@ StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::i
 
 // INVALID_ARGUMENT naming the first non-finite element of `t` (rows x heads x
 // head_dim values), with its row, head and element: one NaN in a cache poisons
-// every later step of its sequence (DESIGN §11).
+// every later step of its sequence (docs/design.md §11).
 Status check_finite(const char* field, const TensorView& t, int32_t heads, int32_t head_dim);
 
 // Validates a DecodeRequest and fills `work`'s inputs. `max_batch` bounds

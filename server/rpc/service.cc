@@ -4,9 +4,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "rpc/admission.h"
 #include "rpc/decode_response.h"
 #include "rpc/grpc_status.h"
-#include "rpc/request_decoding.h"
 
 namespace pagoda {
 namespace {
@@ -20,12 +20,6 @@ std::string describe(const v1::DecodeRequest& r) {
 }
 
 }  // namespace
-
-Status check_request_tokens(const char* field, int64_t tokens, const ServiceSettings& settings) {
-  if (tokens <= settings.max_request_tokens) return Status::Ok();
-  return InvalidArgument("{}: expected at most {} tokens per request (--max-request-tokens), received {}", field,
-                         settings.max_request_tokens, tokens);
-}
 
 namespace {
 
@@ -89,9 +83,9 @@ class AppendCall final : public EngineCall<AppendWork> {
   AppendCall(DecodeAttentionService& service, const grpc::CallbackServerContext& ctx,
              const v1::AppendKVRequest& request, v1::AppendKVResponse& response, TenantId tenant)
       : EngineCall(service), request_(request), response_(response) {
-    Status status = decode_request(request, service.settings().geometry, work_);
+    const Status status =
+        admit_append(request, static_cast<int64_t>(request.ByteSizeLong()), service.settings(), work_);
     work_.tenant = tenant;
-    if (status.ok()) status = check_request_tokens("k", work_.num_tokens, service.settings());
     if (!status.ok()) {
       work_done(status);
       return;
@@ -122,13 +116,6 @@ struct InlineDecode final : public WorkDone {
 
 }  // namespace
 
-Status DecodeAttentionService::check_message_size(const google::protobuf::Message& request) const {
-  const auto bytes = static_cast<int64_t>(request.ByteSizeLong());
-  if (bytes <= settings_.max_message_bytes) return Status::Ok();
-  return ResourceExhausted("request: expected at most {} bytes (--max-message-bytes), received {}",
-                           settings_.max_message_bytes, bytes);
-}
-
 Status draining_status() { return Unavailable("server: draining (shutting down); send new calls to another replica"); }
 
 void DecodeAttentionService::observe_call(RpcMethod method, EngineClock::time_point received, const Status& status,
@@ -156,15 +143,18 @@ grpc::ServerUnaryReactor* DecodeAttentionService::finish_unary(grpc::CallbackSer
 }
 
 DecodeAttentionService::DecodeAttentionService(const ServiceSettings& settings, Backend& backend, CacheManager& cache,
-                                               Engine& engine, Metrics& metrics, CacheGauges& cache_gauges,
-                                               const Authenticator& auth)
+                                               Engine& engine, Metrics& metrics, const Authenticator& auth)
     : settings_(settings),
       backend_(backend),
       cache_(cache),
       engine_(engine),
       metrics_(metrics),
-      cache_gauges_(cache_gauges),
       auth_(auth) {}
+
+StatusOr<TenantId> DecodeAttentionService::admit_call(const grpc::CallbackServerContext& ctx) {
+  if (draining()) return draining_status();
+  return tenant_of(ctx);
+}
 
 StatusOr<TenantId> DecodeAttentionService::tenant_of(const grpc::CallbackServerContext& ctx) {
   if (!auth_.enabled()) return kDefaultTenant;
@@ -187,8 +177,7 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServer
                                                             const v1::GetConfigRequest*,
                                                             v1::GetConfigResponse* r) {
   const auto t0 = EngineClock::now();
-  if (draining()) return finish_unary(ctx, RpcMethod::kGetConfig, t0, draining_status());
-  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  StatusOr<TenantId> tenant = admit_call(*ctx);
   if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kGetConfig, t0, tenant.status());
   const CacheGeometry& g = settings_.geometry;
   r->set_num_layers(g.num_layers);
@@ -234,19 +223,15 @@ grpc::ServerUnaryReactor* DecodeAttentionService::CreateSequence(grpc::CallbackS
                                                                  const v1::CreateSequenceRequest* request,
                                                                  v1::CreateSequenceResponse* response) {
   const auto t0 = EngineClock::now();
-  if (draining()) return finish_unary(ctx, RpcMethod::kCreateSequence, t0, draining_status());
-  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  StatusOr<TenantId> tenant = admit_call(*ctx);
   if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kCreateSequence, t0, tenant.status());
-  if (static_cast<int64_t>(request->label().size()) > settings_.max_label_bytes) {
-    return finish_unary(ctx, RpcMethod::kCreateSequence, t0,
-                        InvalidArgument("label: expected at most {} bytes (--max-label-bytes), received {}",
-                                        settings_.max_label_bytes, request->label().size()));
+  if (Status admitted = admit_create(*request, settings_); !admitted.ok()) {
+    return finish_unary(ctx, RpcMethod::kCreateSequence, t0, admitted);
   }
   StatusOr<SequenceId> created = cache_.create_for(*tenant, request->label());
   if (!created.ok()) return finish_unary(ctx, RpcMethod::kCreateSequence, t0, created.status());
   const SequenceId id = *created;
   response->set_sequence_id(id);
-  cache_gauges_.publish();
   spdlog::debug("CreateSequence sequence_id={} label='{}'", id, request->label());
   return finish_unary(ctx, RpcMethod::kCreateSequence, t0, Status::Ok());
 }
@@ -255,10 +240,8 @@ grpc::ServerUnaryReactor* DecodeAttentionService::AppendKV(grpc::CallbackServerC
                                                            const v1::AppendKVRequest* request,
                                                            v1::AppendKVResponse* response) {
   const auto t0 = EngineClock::now();
-  if (draining()) return finish_unary(ctx, RpcMethod::kAppendKV, t0, draining_status());
-  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  StatusOr<TenantId> tenant = admit_call(*ctx);
   if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kAppendKV, t0, tenant.status());
-  if (Status size = check_message_size(*request); !size.ok()) return finish_unary(ctx, RpcMethod::kAppendKV, t0, size);
   return new AppendCall(*this, *ctx, *request, *response, *tenant);
 }
 
@@ -266,20 +249,15 @@ grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerCon
                                                          const v1::DecodeRequest* request,
                                                          v1::DecodeResponse* response) {
   const auto t0 = EngineClock::now();
-  if (draining()) return finish_unary(ctx, RpcMethod::kDecode, t0, draining_status());
-  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  StatusOr<TenantId> tenant = admit_call(*ctx);
   if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, tenant.status());
-  if (Status size = check_message_size(*request); !size.ok()) {
-    return finish_unary(ctx, RpcMethod::kDecode, t0, size, describe(*request));
-  }
   InlineDecode call;
   engine_.note_arriving();
-  Status status = decode_request(*request, settings_.geometry, settings_.max_batch, call.work);
+  const Status admitted =
+      admit_decode(*request, static_cast<int64_t>(request->ByteSizeLong()), settings_, call.work, *response);
   engine_.note_arrived();
-  if (status.ok() && call.work.k != nullptr) status = check_request_tokens("k", call.work.rows, settings_);
-  if (!status.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, status, describe(*request));
+  if (!admitted.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, admitted, describe(*request));
   call.work.tenant = *tenant;
-  prepare_response(*request, settings_.geometry, call.work, *response);
   call.work.deadline = ctx->deadline();
   // Nothing can batch with a lone small call: it runs here and answers through
   // the default reactor, with no hop to an engine worker and back.
@@ -296,16 +274,14 @@ grpc::ServerUnaryReactor* DecodeAttentionService::ForkSequence(grpc::CallbackSer
                                                                const v1::ForkSequenceRequest* request,
                                                                v1::ForkSequenceResponse* response) {
   const auto t0 = EngineClock::now();
-  if (draining()) return finish_unary(ctx, RpcMethod::kForkSequence, t0, draining_status());
-  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  StatusOr<TenantId> tenant = admit_call(*ctx);
   if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kForkSequence, t0, tenant.status());
-  const int32_t count = request->count() == 0 ? 1 : request->count();
-  if (count < 1 || count > kMaxForkCount) {
-    return finish_unary(ctx, RpcMethod::kForkSequence, t0,
-                        InvalidArgument("count: expected 1 to {} forks (0 means 1), received {}", kMaxForkCount,
-                                        request->count()),
+  const StatusOr<int32_t> admitted = admit_fork(*request);
+  if (!admitted.ok()) {
+    return finish_unary(ctx, RpcMethod::kForkSequence, t0, admitted.status(),
                         fmt::format("source_id={}", request->source_id()));
   }
+  const int32_t count = admitted.value();
   StatusOr<std::vector<SequenceId>> ids = cache_.fork(request->source_id(), *tenant, count);
   if (!ids.ok()) {
     return finish_unary(ctx, RpcMethod::kForkSequence, t0, ids.status(),
@@ -313,7 +289,6 @@ grpc::ServerUnaryReactor* DecodeAttentionService::ForkSequence(grpc::CallbackSer
   }
   response->set_sequence_id(ids->front());
   response->mutable_sequence_ids()->Add(ids->begin(), ids->end());
-  cache_gauges_.publish();
   spdlog::debug("ForkSequence source_id={} -> {} forks, first sequence_id={}", request->source_id(), count,
                 ids->front());
   return finish_unary(ctx, RpcMethod::kForkSequence, t0, Status::Ok());
@@ -323,14 +298,12 @@ grpc::ServerUnaryReactor* DecodeAttentionService::FreeSequence(grpc::CallbackSer
                                                                const v1::FreeSequenceRequest* request,
                                                                v1::FreeSequenceResponse*) {
   const auto t0 = EngineClock::now();
-  if (draining()) return finish_unary(ctx, RpcMethod::kFreeSequence, t0, draining_status());
-  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  StatusOr<TenantId> tenant = admit_call(*ctx);
   if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kFreeSequence, t0, tenant.status());
   const Status status = cache_.free(request->sequence_id(), *tenant);
   if (!status.ok()) {
     return finish_unary(ctx, RpcMethod::kFreeSequence, t0, status, fmt::format("sequence_id={}", request->sequence_id()));
   }
-  cache_gauges_.publish();
   spdlog::debug("FreeSequence sequence_id={}", request->sequence_id());
   return finish_unary(ctx, RpcMethod::kFreeSequence, t0, status);
 }
@@ -339,8 +312,7 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetSequence(grpc::CallbackServ
                                                               const v1::GetSequenceRequest* request,
                                                               v1::GetSequenceResponse* response) {
   const auto t0 = EngineClock::now();
-  if (draining()) return finish_unary(ctx, RpcMethod::kGetSequence, t0, draining_status());
-  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  StatusOr<TenantId> tenant = admit_call(*ctx);
   if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kGetSequence, t0, tenant.status());
   StatusOr<SequenceInfo> info = cache_.info(request->sequence_id(), *tenant);
   if (info.ok()) {
@@ -360,16 +332,18 @@ grpc::ServerUnaryReactor* DecodeAttentionService::TruncateSequence(grpc::Callbac
                                                                    const v1::TruncateSequenceRequest* request,
                                                                    v1::TruncateSequenceResponse* response) {
   const auto t0 = EngineClock::now();
-  if (draining()) return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, draining_status());
-  StatusOr<TenantId> tenant = tenant_of(*ctx);
+  StatusOr<TenantId> tenant = admit_call(*ctx);
   if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, tenant.status());
+  if (Status admitted = admit_truncate(*request); !admitted.ok()) {
+    return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, admitted,
+                        fmt::format("sequence_id={} length={}", request->sequence_id(), request->length()));
+  }
   StatusOr<std::vector<int32_t>> lengths = cache_.truncate(request->sequence_id(), request->length(), *tenant);
   if (!lengths.ok()) {
     return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, lengths.status(),
                         fmt::format("sequence_id={} length={}", request->sequence_id(), request->length()));
   }
   response->mutable_layer_lengths()->Add(lengths->begin(), lengths->end());
-  cache_gauges_.publish();
   spdlog::debug("TruncateSequence sequence_id={} length={}", request->sequence_id(), request->length());
   return finish_unary(ctx, RpcMethod::kTruncateSequence, t0, Status::Ok());
 }

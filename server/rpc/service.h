@@ -14,39 +14,15 @@
 #include "auth/authenticator.h"
 #include "cache/cache_manager.h"
 #include "engine/engine.h"
-#include "observability/cache_gauges.h"
 #include "observability/metrics.h"
 #include "pagoda/backend.h"
 #include "pagoda/v1/decode_attention.grpc.pb.h"
+#include "rpc/service_settings.h"
 
 namespace pagoda {
 
-// What the service validates requests against and reports in GetConfig.
-struct ServiceSettings {
-  CacheGeometry geometry;
-  SplitMode mode = SplitMode::kDeterministic;
-  int32_t split_tokens = 512;
-  int32_t max_batch = 256;
-  int64_t max_batch_wait_us = 50;
-  int64_t max_message_bytes = int64_t{64} << 20;
-  int32_t max_label_bytes = 256;
-  int32_t max_request_tokens = 65536;
-  int64_t max_request_blocks = 0;  // enforced by the cache manager; reported here
-  int32_t max_stream_in_flight = 64;
-  double idle_ttl = 0;             // enforced by the idle sweeper; reported here
-  bool tls = false;                // reported in GetConfig
-  int64_t max_sequences = 0;       // enforced by the cache manager; reported here
-  int64_t max_sequence_tokens = 0; // enforced by the cache manager; reported here
-};
-
 class DecodeStreamCall;
 
-// Most forks one ForkSequence makes (ForkSequenceRequest.count).
-inline constexpr int32_t kMaxForkCount = 4096;
-
-// INVALID_ARGUMENT naming `field` when a request appends more than
-// --max-request-tokens tokens.
-Status check_request_tokens(const char* field, int64_t tokens, const ServiceSettings& settings);
 
 // Every method typed on the callback API but DecodeStream, which reads and
 // writes raw bytes and parses each message itself (decode_stream.cc says why).
@@ -61,7 +37,7 @@ class DecodeAttentionService final : public DecodeAttentionBase {
  public:
   // `auth` decides each call's tenant (off: every call is the default tenant).
   DecodeAttentionService(const ServiceSettings& settings, Backend& backend, CacheManager& cache, Engine& engine,
-                         Metrics& metrics, CacheGauges& cache_gauges, const Authenticator& auth);
+                         Metrics& metrics, const Authenticator& auth);
 
   grpc::ServerUnaryReactor* GetConfig(grpc::CallbackServerContext* ctx, const v1::GetConfigRequest* request,
                                       v1::GetConfigResponse* response) override;
@@ -96,8 +72,6 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   void call_done() { active_calls_.fetch_sub(1, std::memory_order_acq_rel); }
 
   const ServiceSettings& settings() const { return settings_; }
-  // RESOURCE_EXHAUSTED past --max-message-bytes (the transport takes twice that).
-  Status check_message_size(const google::protobuf::Message& request) const;
   CacheManager& cache() { return cache_; }
   Engine& engine() { return engine_; }
   const Authenticator& auth() const { return auth_; }
@@ -105,6 +79,8 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   // The calling tenant from the call's `authorization` metadata, or
   // UNAUTHENTICATED (counted by reason; the token is never logged).
   StatusOr<TenantId> tenant_of(const grpc::CallbackServerContext& ctx);
+  // What every handler asks first: UNAVAILABLE while draining, else the tenant.
+  StatusOr<TenantId> admit_call(const grpc::CallbackServerContext& ctx);
 
   // One finished call (a DecodeStream response counts as one): its duration since
   // `received` by method and code, and an error line when it failed. `what` names
@@ -127,7 +103,6 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   CacheManager& cache_;
   Engine& engine_;
   Metrics& metrics_;
-  CacheGauges& cache_gauges_;
   const Authenticator& auth_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_calls_{0};

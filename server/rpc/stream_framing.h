@@ -1,7 +1,7 @@
 #pragma once
 // One DecodeStream message as read from the wire: parsed here, not by gRPC's
 // typed reader, which reports a message that does not parse like the end of
-// the stream (decode_stream.cc, DESIGN §11).
+// the stream (decode_stream.cc, docs/design.md §11).
 
 #include <cstdint>
 

@@ -44,7 +44,7 @@ TEST(WireRequest, ShapesDtypesAndFields) {
   EXPECT_EQ(req->request_id(), 42u);
 }
 
-// DESIGN §9: rows = sum(q_lengths) shape q and k/v; the variant fields travel as set.
+// docs/design.md §9: rows = sum(q_lengths) shape q and k/v; the variant fields travel as set.
 TEST(WireRequest, VariantFieldsAndRowShapes) {
   const ServerConfig c = small_config();
   const std::vector<float> q(4 * 4 * 8), kv(4 * 2 * 8);

@@ -1,4 +1,4 @@
-// The attention variants of DESIGN §9 on the CUDA backend (unit/variant_checks.h):
+// The attention variants of docs/design.md §9 on the CUDA backend (unit/variant_checks.h):
 // the same table and bitwise draft-row promise as the CPU backend's.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// DESIGN §9 through the C++ client against the server: a speculative step
+// docs/design.md §9 through the C++ client against the server: a speculative step
 // (draft rows appended and verified in one Decode with a window, a soft-cap and
 // sinks), the accepted prefix kept with truncate_sequence, and retries made
 // safe by expected lengths.

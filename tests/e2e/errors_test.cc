@@ -1,4 +1,4 @@
-// Every error code of DESIGN §5 over the API, each with the field it names, and
+// Every error code of docs/design.md §5 over the API, each with the field it names, and
 // proof that a failed call changes nothing (lengths, free blocks and the bits of
 // a probe decode are equal before and after).
 #include <cmath>

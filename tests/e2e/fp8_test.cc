@@ -1,4 +1,4 @@
-// An fp8 cache through the service (DESIGN §9): GetConfig reports the dtype
+// An fp8 cache through the service (docs/design.md §9): GetConfig reports the dtype
 // and the layers' scales, decodes match the reference on the dequantised K/V
 // (both formats), fp8 on the wire is refused naming the field, and values
 // that saturate are counted in pagoda_kv_saturated_total{layer}.

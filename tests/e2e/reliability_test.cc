@@ -1,4 +1,4 @@
-// Faults a hostile or unlucky client meets (DESIGN §11): a stream message that
+// Faults a hostile or unlucky client meets (docs/design.md §11): a stream message that
 // does not parse ends the stream INVALID_ARGUMENT naming it, after every
 // earlier request is answered; an oversized message on a stream is answered
 // on its own and the stream carries on; a drain under load answers every call

@@ -1,4 +1,4 @@
-// Tenants, tokens, TLS and mTLS end to end (DESIGN §10), through the C++
+// Tenants, tokens, TLS and mTLS end to end (docs/design.md §10), through the C++
 // client over loopback. Certificates are made with openssl at test time in a
 // temporary folder: a CA, a server certificate for 127.0.0.1 and localhost,
 // and a client certificate signed by the same CA.

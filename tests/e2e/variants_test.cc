@@ -1,4 +1,4 @@
-// DESIGN §9 through the service: multi-token queries (speculative
+// docs/design.md §9 through the service: multi-token queries (speculative
 // verification), sliding windows, soft-caps, sinks, expected lengths and
 // TruncateSequence, each checked against the reference; every new error with
 // nothing changed.

@@ -15,7 +15,7 @@ struct ReferenceResult {
   std::vector<double> lse;  // [rows, num_q_heads], natural log; -inf for no keys and no sink
 };
 
-// The attention variants of DESIGN §9, spelled out here independently.
+// The attention variants of docs/design.md §9, spelled out here independently.
 struct ReferenceVariant {
   // [batch + 1] query rows per sequence; null: one each. Of a sequence's L
   // tokens, row i of n sits at position L - n + i and attends keys up to it.

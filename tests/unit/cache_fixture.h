@@ -17,7 +17,7 @@
 
 namespace pagoda::testing {
 
-// The attention variant of a decode (DESIGN §9); defaults: one row per
+// The attention variant of a decode (docs/design.md §9); defaults: one row per
 // sequence, plain causal attention.
 struct DecodeVariant {
   std::vector<int32_t> q_lengths;  // [batch] rows per sequence; empty: one each

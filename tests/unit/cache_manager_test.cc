@@ -27,7 +27,7 @@ std::vector<float> rows(int32_t n, float value) { return std::vector<float>(stat
 // Decode with k/v does: reserve, finish, then release.
 Status append_batch(CacheFixture& f, int32_t layer, const std::vector<SequenceId>& ids, const std::vector<float>& k) {
   Reservation r;
-  PAGODA_RETURN_IF_ERROR(f.cache().begin(layer, true, r));
+  f.cache().begin(layer, true, r);
   ReserveRequest request;
   request.ids = ids;
   request.new_tokens_each = 1;
@@ -74,10 +74,7 @@ TEST(CacheManager, ErrorsNameTheFieldAndChangeNothing) {
   CacheFixture f({small(4), 1, 1});
   const SequenceId a = f.add_sequence(0, 3);
   const auto k = rows(1, 1.f);
-  auto bad_layer = f.cache().append(f.stream(), a, 2, 1, k.data(), k.data(), DType::kFloat32);
-  EXPECT_EQ(bad_layer.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad_layer.status().message().find("layer: expected [0, 2), received 2"), std::string::npos)
-      << bad_layer.status().message();
+  // (A bad layer never gets here: admission refuses it, tests/e2e/errors_test.cc.)
   auto unknown = f.cache().append(f.stream(), 999, 0, 1, k.data(), k.data(), DType::kFloat32);
   EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
   auto stale = f.cache().append(f.stream(), a, 0, 1, k.data(), k.data(), DType::kFloat32, 2);
@@ -178,7 +175,7 @@ TEST(CacheManager, PartsOfOneReservationChainTheirAppends) {
   CacheFixture f({small(8), 1, 1});
   const SequenceId a = f.add_sequence(0, 3);
   Reservation r;
-  ASSERT_TRUE(f.cache().begin(0, true, r).ok());
+  f.cache().begin(0, true, r);
   const SequenceId ids[] = {a};
   const int32_t expected[] = {3};
   ReserveRequest first;
@@ -206,7 +203,7 @@ TEST(CacheManager, AReservationReleasedBeforeFinishRollsBackWhole) {
   const int32_t free_before = f.cache().free_blocks();
   {
     Reservation r;
-    ASSERT_TRUE(f.cache().begin(0, true, r).ok());
+    f.cache().begin(0, true, r);
     const SequenceId ids[] = {a};
     ReserveRequest request;
     request.ids = ids;

@@ -1,4 +1,4 @@
-// The fp8 cache formats (DESIGN §9) against the reference written apart
+// The fp8 cache formats (docs/design.md §9) against the reference written apart
 // (reference/fp8_reference.h): every code's value, round-trips, ties to even,
 // subnormals, saturation and random values; then every code as the CPU
 // kernel reads it from the cache (both SIMD targets), and a decode with K/V

@@ -1,5 +1,5 @@
 #pragma once
-// The attention variants of DESIGN §9 checked on one backend, against the
+// The attention variants of docs/design.md §9 checked on one backend, against the
 // reference: several query rows per sequence (bottom-right causal), sliding
 // windows, logit soft-caps and per-head sinks, over a declared table; and the
 // bitwise promise: row i of a multi-row decode has the bits of a single-row

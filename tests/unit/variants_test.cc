@@ -1,4 +1,4 @@
-// The attention variants of DESIGN §9 on the CPU backend (unit/variant_checks.h),
+// The attention variants of docs/design.md §9 on the CPU backend (unit/variant_checks.h),
 // the bitwise draft-row promise on one and two threads.
 #include <gtest/gtest.h>
 

@@ -296,7 +296,7 @@ class PagodaClient:
                expected_lengths: Optional[Sequence[int]] = None) -> DecodeResult:
         """One decode step: q [rows, q_heads, head_dim]; k, v [rows, kv_heads, head_dim]
         (optional) are appended to `layer` before attending. rows = sum(q_lengths), or
-        one per sequence. The variants (DESIGN §9): q_lengths (query rows per sequence,
+        one per sequence. The variants (docs/design.md §9): q_lengths (query rows per sequence,
         its last tokens), sliding_window, logits_soft_cap, sinks [q_heads] (natural
         log), expected_lengths (lengths before the append: a safe retry).
         q, k, v are numpy arrays or torch CPU tensors (fp32, fp16, bf16); the wire dtype
@@ -309,7 +309,7 @@ class PagodaClient:
     def decode_step(self, layer: int, sequence_ids: Sequence[int], q: np.ndarray, k: np.ndarray, v: np.ndarray,
                     expected_lengths: Optional[Sequence[int]] = None, attempts: int = 4, backoff: float = 0.005,
                     **decode_kwargs) -> DecodeResult:
-        """One decode step that is safe to retry (DESIGN §11): appends k, v and attends,
+        """One decode step that is safe to retry (docs/design.md §11): appends k, v and attends,
         sending expected_lengths (read with GetSequence first when not given). Calls that
         end DEADLINE_EXCEEDED or UNAVAILABLE are sent again, up to `attempts` calls in all;
         a FAILED_PRECONDITION whose sequences hold exactly expected + rows tokens means an
@@ -537,7 +537,7 @@ def _read_varint(data: bytes, pos: int):
         shift += 7
 
 
-# Past one pod (DESIGN §12) and the per-layer streams of a model's decode loop;
+# Past one pod (docs/design.md §12) and the per-layer streams of a model's decode loop;
 # imported last: they build on the client above.
 from pagoda.sharded import HashRing, SequenceRef, ShardedClient, ShardedSequence, endpoints_from_dns  # noqa: E402,F401
 from pagoda.layer_streams import LayerStreams  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""Past one pod (DESIGN §12): a client over several pagoda servers.
+"""Past one pod (docs/design.md §12): a client over several pagoda servers.
 
 Sequence placement: each new sequence gets a placement key (its label, or a
 random one), and a consistent-hash ring of the endpoints (64 virtual nodes

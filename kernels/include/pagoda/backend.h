@@ -39,7 +39,7 @@ struct KvWrite {
 // One decode launch: every sequence of the batch attends over its first
 // tables.lengths[b] tokens of `layer`, with one or more query positions.
 //
-// Positions (DESIGN §9): sequence b has n_b = q_indptr[b+1] - q_indptr[b]
+// Positions (docs/design.md §9): sequence b has n_b = q_indptr[b+1] - q_indptr[b]
 // query rows (1 each when q_indptr is null), the last n_b of its L_b tokens:
 // row i sits at position p = L_b - n_b + i and attends keys [0, p], within
 // (p - W, p] when a sliding window W is set. Rows are counted over the whole
@@ -100,7 +100,7 @@ class BackendStream {
   virtual StatusOr<double> measure_memory_bandwidth(int64_t bytes) = 0;
 };
 
-// A layer's K and V scales (DESIGN §9): the cache stores x / scale and reads
+// A layer's K and V scales (docs/design.md §9): the cache stores x / scale and reads
 // stored * scale. Folded once per launch (K into the softmax scale, V into the
 // output), never per element.
 struct KvScale {

@@ -1,5 +1,5 @@
 #pragma once
-// The OCP FP8 formats of the fp8 cache (DESIGN §9), one definition for the
+// The OCP FP8 formats of the fp8 cache (docs/design.md §9), one definition for the
 // host, the CPU backend's appends and the CUDA software path:
 //   e4m3: S EEEE MMM, bias 7, no infinities, NaN = S.1111.111, max 448
 //   e5m2: S EEEEE MM, bias 15, IEEE-like (inf = S.11111.00), max finite 57344

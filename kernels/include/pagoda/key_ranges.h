@@ -1,5 +1,5 @@
 #pragma once
-// Which keys each query row attends (DESIGN §9), for the CPU backend, the CUDA
+// Which keys each query row attends (docs/design.md §9), for the CPU backend, the CUDA
 // kernels and the tests alike. Causality is bottom-right aligned: of a
 // sequence's `length` tokens, its last `rows` are its query positions, and row
 // i at position p = length - rows + i attends keys [0, p], only (p - W, p] with

@@ -2,7 +2,9 @@
 // Status values for every failure: no exceptions and no aborts on a request's
 // path. Codes carry gRPC's numbers so that the service maps them one to one.
 
+#include <array>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -10,19 +12,38 @@
 
 namespace pagoda {
 
+// gRPC's codes, numbers and names (grpc::StatusCode): the one vocabulary the
+// server, its metrics and the client share.
 enum class StatusCode : int {
   kOk = 0,
   kCancelled = 1,
+  kUnknown = 2,
   kInvalidArgument = 3,
   kDeadlineExceeded = 4,
   kNotFound = 5,
+  kAlreadyExists = 6,
+  kPermissionDenied = 7,
   kResourceExhausted = 8,
   kFailedPrecondition = 9,
+  kAborted = 10,
+  kOutOfRange = 11,
+  kUnimplemented = 12,
   kInternal = 13,
   kUnavailable = 14,
-  kUnimplemented = 12,
+  kDataLoss = 15,
   kUnauthenticated = 16,
 };
+
+inline constexpr std::array<std::string_view, 17> kStatusCodeNames = {
+    "OK",        "CANCELLED",          "UNKNOWN",      "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+
+// "INVALID_ARGUMENT" for 3; empty for a number outside gRPC's set.
+constexpr std::string_view status_code_name(int code) {
+  return code >= 0 && code < static_cast<int>(kStatusCodeNames.size()) ? kStatusCodeNames[static_cast<size_t>(code)]
+                                                                        : std::string_view();
+}
 
 class [[nodiscard]] Status {
  public:

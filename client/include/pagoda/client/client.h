@@ -67,7 +67,7 @@ class Client {
                             std::span<const float> v, DType dtype = DType::kFloat32,
                             std::optional<int32_t> expected_length = std::nullopt);
   Result<DecodeResult> decode(const DecodeArgs& args);
-  // One decode step that is safe to retry (DESIGN §11): appends args.k/v and
+  // One decode step that is safe to retry (docs/design.md §11): appends args.k/v and
   // attends, sending expected_lengths (read with GetSequence first when args
   // has none). A call that timed out or found the server unavailable is sent
   // again; a FAILED_PRECONDITION whose sequences hold exactly expected + rows

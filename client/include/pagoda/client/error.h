@@ -8,29 +8,13 @@
 #include <utility>
 #include <variant>
 
+#include "pagoda/status.h"
+
 namespace pagoda::client {
 
-// gRPC status code numbers (grpc::StatusCode), spelled out so that callers need
-// no gRPC header to test for one.
-enum class ErrorCode : int {
-  kOk = 0,
-  kCancelled = 1,
-  kUnknown = 2,
-  kInvalidArgument = 3,
-  kDeadlineExceeded = 4,
-  kNotFound = 5,
-  kAlreadyExists = 6,
-  kPermissionDenied = 7,
-  kResourceExhausted = 8,
-  kFailedPrecondition = 9,
-  kAborted = 10,
-  kOutOfRange = 11,
-  kUnimplemented = 12,
-  kInternal = 13,
-  kUnavailable = 14,
-  kDataLoss = 15,
-  kUnauthenticated = 16,
-};
+// gRPC status code numbers (grpc::StatusCode): the server's own vocabulary
+// (pagoda/status.h), so that callers need no gRPC header to test for one.
+using ErrorCode = pagoda::StatusCode;
 
 // "INVALID_ARGUMENT" for 3 and so on; "CODE_<n>" for a number outside gRPC's set.
 std::string error_code_name(int code);

@@ -1,5 +1,5 @@
 #pragma once
-// Past one pod (DESIGN §12, docs/scale-out.md): a client over several pagoda
+// Past one pod (docs/design.md §12, docs/scale-out.md): a client over several pagoda
 // servers. New sequences are placed by a consistent-hash ring of the
 // endpoints (64 virtual nodes each; FNV-1a + the splitmix64 finaliser, the
 // same as the Python ShardedClient, so both place a key on the same pod), so

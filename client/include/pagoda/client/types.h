@@ -53,7 +53,7 @@ struct DecodeArgs {
   int32_t layer = 0;
   std::vector<uint64_t> sequence_ids{};  // [batch], each at most once
   // Rows: sum(q_lengths) query rows (batch when q_lengths is empty), each
-  // sequence's rows in request order (DESIGN §9).
+  // sequence's rows in request order (docs/design.md §9).
   std::span<const float> q{};            // [rows, num_q_heads, head_dim]
   std::span<const float> k{};            // [rows, num_kv_heads, head_dim] or empty
   std::span<const float> v{};            // [rows, num_kv_heads, head_dim] or empty (with k)
@@ -62,7 +62,7 @@ struct DecodeArgs {
   float scale = 0.f;                   // 0 -> 1/sqrt(head_dim)
   bool return_lse = false;
   uint64_t request_id = 0;             // 0: the client assigns one
-  // Attention variants (DESIGN §9); the defaults are plain causal decode.
+  // Attention variants (docs/design.md §9); the defaults are plain causal decode.
   std::vector<int32_t> q_lengths{};         // [batch] query rows per sequence; empty: 1 each
   int32_t sliding_window = 0;               // 0: none; W: keys (p - W, p]
   float logits_soft_cap = 0.f;              // 0: none; c: c * tanh(score / c)

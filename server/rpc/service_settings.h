@@ -1,0 +1,30 @@
+#pragma once
+// The settings requests are admitted against (rpc/admission.h) and GetConfig
+// reports. Plain values, no gRPC: the fuzzers build them too.
+
+#include <cstdint>
+
+#include "pagoda/paged_kv.h"
+#include "pagoda/split_plan.h"
+
+namespace pagoda {
+
+// What the service validates requests against and reports in GetConfig.
+struct ServiceSettings {
+  CacheGeometry geometry;
+  SplitMode mode = SplitMode::kDeterministic;
+  int32_t split_tokens = 512;
+  int32_t max_batch = 256;
+  int64_t max_batch_wait_us = 50;
+  int64_t max_message_bytes = int64_t{64} << 20;
+  int32_t max_label_bytes = 256;
+  int32_t max_request_tokens = 65536;
+  int64_t max_request_blocks = 0;  // enforced by the cache manager; reported here
+  int32_t max_stream_in_flight = 64;
+  double idle_ttl = 0;             // enforced by the idle sweeper; reported here
+  bool tls = false;                // reported in GetConfig
+  int64_t max_sequences = 0;       // enforced by the cache manager; reported here
+  int64_t max_sequence_tokens = 0; // enforced by the cache manager; reported here
+};
+
+}  // namespace pagoda

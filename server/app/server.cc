@@ -143,8 +143,9 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
     s->auth_ = std::move(*auth);
   }
   s->apply_tenant_limits();
+  s->shm_ = std::make_unique<SharedMemoryRegistry>(raw.allow_shared_memory);
   s->service_ = std::make_unique<DecodeAttentionService>(settings, *s->backend_, *s->cache_, *s->engine_,
-                                                         *s->metrics_, *s->auth_);
+                                                         *s->metrics_, *s->auth_, *s->shm_);
 
   // Both process-wide switches must be set before the builder is created.
   // Reflection answers without a token, so it is served only when auth is off.

@@ -18,6 +18,7 @@ class Server;
 namespace pagoda {
 
 class CacheGauges;
+class SharedMemoryRegistry;
 class CacheManager;
 class DeterminismChecker;
 class Engine;
@@ -71,6 +72,7 @@ class PagodaServer {
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<CacheGauges> cache_gauges_;
   std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<SharedMemoryRegistry> shm_;  // before the service, which refers to it
   std::unique_ptr<DeterminismChecker> checker_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<DecodeAttentionService> service_;

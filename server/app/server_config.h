@@ -44,6 +44,7 @@ struct ServerConfig {
   std::string auth_tokens;                         // tokens file (auth/tokens_file.h); empty: no auth
   int64_t tenant_max_blocks = 0;                   // a tenant's blocks unless its line says; 0: no limit
   int64_t tenant_max_sequences = 0;                // a tenant's sequences unless its line says; 0: no limit
+  bool allow_shared_memory = false;                // co-located clients may register shared memory
   int32_t threads = 0;                             // CPU backend threads; 0 = all cores
   std::string backend = "auto";                    // auto, cpu, cuda
   double drain_timeout = 30;                       // seconds

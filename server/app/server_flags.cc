@@ -59,6 +59,9 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
   add(app, "--tenant-max-blocks", c.tenant_max_blocks, "Cache blocks a tenant may hold unless its line says (0: no limit)");
   add(app, "--tenant-max-sequences", c.tenant_max_sequences,
       "Sequences a tenant may hold unless its line says (0: no limit)");
+  app.add_flag("--allow-shared-memory", c.allow_shared_memory,
+               "Let clients on this host register POSIX shared-memory regions and pass tensors in them")
+      ->envname(env_name("--allow-shared-memory"));
   add(app, "--threads", c.threads, "CPU backend threads (0: all cores)");
   add(app, "--backend", c.backend, "auto (CUDA when a device answers, else CPU), cpu or cuda");
   add(app, "--drain-timeout", c.drain_timeout, "Seconds in-flight calls get to finish after SIGTERM/SIGINT");

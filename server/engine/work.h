@@ -3,7 +3,9 @@
 // request's own bytes, outputs into the response's buffers; both stay alive
 // until `done` is told.
 
+#include <array>
 #include <atomic>
+#include <memory>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -15,6 +17,11 @@
 namespace pagoda {
 
 using EngineClock = std::chrono::steady_clock;
+
+class SharedMemoryRegion;
+// Shared-memory regions a request's tensors lie in (docs/design.md §15), held
+// until its work item is gone: an unregistered region stays mapped meanwhile.
+using RegionPin = std::shared_ptr<const SharedMemoryRegion>;
 
 // Told once when its work item is done (from an engine worker thread).
 class WorkDone {
@@ -44,6 +51,7 @@ struct DecodeWork {
   const void* sinks = nullptr;           // [num_q_heads] fp32 bytes (any alignment), or null
   void* out = nullptr;                   // [rows, num_q_heads, head_dim], q_dtype
   float* lse = nullptr;                  // [rows, num_q_heads] or null
+  std::array<RegionPin, 5> regions;      // of q, k, v, out, lse when they lie in shared memory
   int32_t* lengths = nullptr;            // [batch] tokens attended
   int32_t* splits = nullptr;             // [batch] chunks per sequence
   // Filled by the engine:
@@ -83,6 +91,7 @@ struct DecodeWork {
     scale = other.scale;
     out = other.out;
     lse = other.lse;
+    regions = other.regions;
     lengths = other.lengths;
     splits = other.splits;
   }
@@ -97,6 +106,7 @@ struct AppendWork {
   const void* k = nullptr;               // [num_tokens, num_kv_heads, head_dim]
   const void* v = nullptr;               // [num_tokens, num_kv_heads, head_dim]
   DType dtype = DType::kFloat32;
+  std::array<RegionPin, 2> regions;      // of k and v when they lie in shared memory
   std::optional<int32_t> expected_length;  // the layer's length before the append, when set
   int32_t layer_length = 0;              // filled: the layer's length after the append
   WorkDone* done = nullptr;

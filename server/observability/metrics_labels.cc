@@ -13,6 +13,9 @@ std::string_view rpc_method_name(RpcMethod method) {
     case RpcMethod::kFreeSequence: return "FreeSequence";
     case RpcMethod::kGetSequence: return "GetSequence";
     case RpcMethod::kTruncateSequence: return "TruncateSequence";
+    case RpcMethod::kRegisterSharedMemory: return "RegisterSharedMemory";
+    case RpcMethod::kUnregisterSharedMemory: return "UnregisterSharedMemory";
+    case RpcMethod::kGetSharedMemoryStatus: return "GetSharedMemoryStatus";
   }
   return "Unknown";
 }

@@ -25,8 +25,11 @@ enum class RpcMethod : uint8_t {
   kFreeSequence,
   kGetSequence,
   kTruncateSequence,
+  kRegisterSharedMemory,
+  kUnregisterSharedMemory,
+  kGetSharedMemoryStatus,
 };
-inline constexpr std::size_t kNumRpcMethods = 9;
+inline constexpr std::size_t kNumRpcMethods = 12;
 
 // Stages of one Decode call's path; a stage that costs nothing is not observed.
 enum class DecodeStage : uint8_t {

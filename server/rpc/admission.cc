@@ -1,7 +1,8 @@
 #include "rpc/admission.h"
 
+#include <cstdint>
+
 #include "rpc/decode_response.h"
-#include "rpc/request_decoding.h"
 
 namespace pagoda {
 namespace {
@@ -21,21 +22,63 @@ Status check_request_tokens(const char* field, int64_t tokens, const ServiceSett
                          settings.max_request_tokens, tokens);
 }
 
+// The range `ref` names for a result of `bytes` bytes (`field`: output_shm or
+// lse_shm), `align`-aligned so that it can be written as its elements.
+StatusOr<SharedMemorySpan> result_range(const char* field, const v1::SharedMemoryRef& ref, int64_t bytes,
+                                        size_t align, const TensorSources& sources) {
+  if (sources.shm == nullptr || !sources.shm->enabled()) {
+    return Status(StatusCode::kFailedPrecondition,
+                  fmt::format("{}: expected a server started with --allow-shared-memory, received a shared-memory "
+                              "range",
+                              field));
+  }
+  if (ref.byte_size() != bytes) {
+    return InvalidArgument("{}.byte_size: expected {} bytes, received {}", field, bytes, ref.byte_size());
+  }
+  StatusOr<SharedMemorySpan> span = sources.shm->resolve(sources.tenant, field, ref.region(), ref.offset(), bytes);
+  if (span.ok() && reinterpret_cast<uintptr_t>(span->data) % align != 0) {
+    return InvalidArgument("{}.offset: expected a multiple of {} bytes, received {}", field, align, ref.offset());
+  }
+  return span;
+}
+
 }  // namespace
 
 Status admit_decode(const v1::DecodeRequest& request, int64_t wire_bytes, const ServiceSettings& settings,
-                    DecodeWork& work, v1::DecodeResponse& response) {
+                    DecodeWork& work, v1::DecodeResponse& response, const TensorSources& sources) {
   PAGODA_RETURN_IF_ERROR(check_message_size(wire_bytes, settings));
-  PAGODA_RETURN_IF_ERROR(decode_request(request, settings.geometry, settings.max_batch, work));
+  PAGODA_RETURN_IF_ERROR(decode_request(request, settings.geometry, settings.max_batch, work, sources));
   if (work.k != nullptr) PAGODA_RETURN_IF_ERROR(check_request_tokens("k", work.rows, settings));
-  prepare_response(request, settings.geometry, work, response);
+  const CacheGeometry& g = settings.geometry;
+  std::byte* out = nullptr;
+  std::byte* lse = nullptr;
+  const int64_t cells = static_cast<int64_t>(work.rows) * g.num_q_heads;
+  if (request.has_output_shm()) {
+    StatusOr<SharedMemorySpan> span = result_range(
+        "output_shm", request.output_shm(), cells * g.head_dim * static_cast<int64_t>(dtype_size(work.q_dtype)),
+        dtype_size(work.q_dtype), sources);
+    if (!span.ok()) return span.status();
+    out = span->data;
+    work.regions[3] = std::move(span->region);
+  }
+  if (request.has_lse_shm()) {
+    if (!request.return_lse()) {
+      return InvalidArgument("lse_shm: expected return_lse with it, received return_lse false");
+    }
+    StatusOr<SharedMemorySpan> span =
+        result_range("lse_shm", request.lse_shm(), cells * static_cast<int64_t>(sizeof(float)), sizeof(float), sources);
+    if (!span.ok()) return span.status();
+    lse = span->data;
+    work.regions[4] = std::move(span->region);
+  }
+  prepare_response(request, g, work, response, out, lse);
   return Status::Ok();
 }
 
 Status admit_append(const v1::AppendKVRequest& request, int64_t wire_bytes, const ServiceSettings& settings,
-                    AppendWork& work) {
+                    AppendWork& work, const TensorSources& sources) {
   PAGODA_RETURN_IF_ERROR(check_message_size(wire_bytes, settings));
-  PAGODA_RETURN_IF_ERROR(decode_request(request, settings.geometry, work));
+  PAGODA_RETURN_IF_ERROR(decode_request(request, settings.geometry, work, sources));
   return check_request_tokens("k", work.num_tokens, settings);
 }
 

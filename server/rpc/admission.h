@@ -11,6 +11,7 @@
 #include "engine/work.h"
 #include "pagoda/status.h"
 #include "pagoda/v1/decode_attention.pb.h"
+#include "rpc/request_decoding.h"
 #include "rpc/service_settings.h"
 
 namespace pagoda {
@@ -22,12 +23,15 @@ inline constexpr int32_t kMaxForkCount = 4096;
 // RESOURCE_EXHAUSTED past --max-message-bytes), every field
 // (request_decoding.h), the tokens it appends (--max-request-tokens); then its
 // response buffers are sized and `work`'s outputs pointed at them.
+// Tensors may lie in the caller's shared-memory regions (`sources`), and the
+// output and LSE go into them when output_shm / lse_shm name a range.
 Status admit_decode(const v1::DecodeRequest& request, int64_t wire_bytes, const ServiceSettings& settings,
-                    DecodeWork& work, v1::DecodeResponse& response);
+                    DecodeWork& work, v1::DecodeResponse& response, const TensorSources& sources = {});
 
 // AppendKV: size, fields, tokens.
 Status admit_append(const v1::AppendKVRequest& request, int64_t wire_bytes, const ServiceSettings& settings,
-                    AppendWork& work);
+                    AppendWork& work, const TensorSources& sources = {});
+
 
 // CreateSequence: the label's length (--max-label-bytes).
 Status admit_create(const v1::CreateSequenceRequest& request, const ServiceSettings& settings);

@@ -15,18 +15,22 @@ void set_tensor(v1::Tensor& t, DType dtype, std::initializer_list<int64_t> shape
 }  // namespace
 
 void prepare_response(const v1::DecodeRequest& request, const CacheGeometry& g, DecodeWork& work,
-                      v1::DecodeResponse& response) {
+                      v1::DecodeResponse& response, std::byte* out, std::byte* lse) {
   const auto batch = static_cast<int64_t>(work.ids.size());
   const auto rows = static_cast<int64_t>(work.rows);
   response.set_request_id(request.request_id());
   const size_t out_bytes = static_cast<size_t>(rows) * g.num_q_heads * g.head_dim * dtype_size(work.q_dtype);
-  set_tensor(*response.mutable_output(), work.q_dtype, {rows, g.num_q_heads, g.head_dim}, out_bytes);
-  work.out = response.mutable_output()->mutable_data()->data();
+  v1::Tensor& output = *response.mutable_output();
+  set_tensor(output, work.q_dtype, {rows, g.num_q_heads, g.head_dim}, out != nullptr ? 0 : out_bytes);
+  if (out != nullptr) *output.mutable_shm() = request.output_shm();
+  work.out = out != nullptr ? static_cast<void*>(out) : output.mutable_data()->data();
   work.lse = nullptr;
   if (request.return_lse()) {
-    set_tensor(*response.mutable_lse(), DType::kFloat32, {rows, g.num_q_heads},
-               static_cast<size_t>(rows) * g.num_q_heads * sizeof(float));
-    work.lse = reinterpret_cast<float*>(response.mutable_lse()->mutable_data()->data());
+    v1::Tensor& t = *response.mutable_lse();
+    set_tensor(t, DType::kFloat32, {rows, g.num_q_heads},
+               lse != nullptr ? 0 : static_cast<size_t>(rows) * g.num_q_heads * sizeof(float));
+    if (lse != nullptr) *t.mutable_shm() = request.lse_shm();
+    work.lse = reinterpret_cast<float*>(lse != nullptr ? lse : reinterpret_cast<std::byte*>(t.mutable_data()->data()));
   }
   response.mutable_lengths()->Resize(static_cast<int>(batch), 0);
   response.mutable_splits()->Resize(static_cast<int>(batch), 0);

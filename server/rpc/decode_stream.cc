@@ -82,7 +82,8 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
     Status status = refuse ? draining_status() : framed;
     if (status.ok()) {
       engine.note_arriving();
-      status = admit_decode(slot->request, wire_bytes, service_.settings(), slot->work, slot->response);
+      status = admit_decode(slot->request, wire_bytes, service_.settings(), slot->work, slot->response,
+                            service_.sources_of(tenant_));
       slot->work.tenant = tenant_;
       engine.note_arrived();
     }

@@ -41,9 +41,40 @@ std::optional<SequenceId> first_duplicate(const google::protobuf::RepeatedField<
   return *dup;
 }
 
+// The bytes of a tensor that names a shared-memory range instead of carrying
+// data: exactly rows * row_bytes of them, inside a region of the caller's.
+StatusOr<TensorView> shm_tensor(const char* field, const v1::Tensor& t, uint64_t rows, uint64_t row_bytes,
+                                TensorView view, const TensorSources& sources) {
+  if (!t.data().empty()) {
+    return InvalidArgument("{}: expected data or shm, received both ({} bytes of data and a shm range)", field,
+                           t.data().size());
+  }
+  const std::string at = std::string(field) + ".shm";
+  if (sources.shm == nullptr || !sources.shm->enabled()) {
+    return Status(StatusCode::kFailedPrecondition,
+                  fmt::format("{}: expected a server started with --allow-shared-memory, received a shared-memory "
+                              "tensor",
+                              at));
+  }
+  const auto byte_size = static_cast<uint64_t>(t.shm().byte_size());
+  if ((row_bytes > 0 && rows > UINT64_MAX / row_bytes) || t.shm().byte_size() < 0 || rows * row_bytes != byte_size) {
+    return InvalidArgument("{}.byte_size: expected {} bytes (shape {} of {}), received {}", at,
+                           static_cast<double>(rows) * static_cast<double>(row_bytes), shape_text(t.shape()),
+                           v1::DType_Name(t.dtype()), t.shm().byte_size());
+  }
+  StatusOr<SharedMemorySpan> span =
+      sources.shm->resolve(sources.tenant, at, t.shm().region(), t.shm().offset(), t.shm().byte_size());
+  if (!span.ok()) return span.status();
+  view.rows = static_cast<int64_t>(rows);
+  view.data = span->data;
+  view.region = std::move(span->region);
+  return view;
+}
+
 }  // namespace
 
-StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::initializer_list<int64_t> shape) {
+StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::initializer_list<int64_t> shape,
+                                  const TensorSources& sources) {
   const int wire = t.dtype();
   if (wire == v1::DTYPE_UNSPECIFIED) {
     return InvalidArgument("{}.dtype: expected FLOAT32, FLOAT16 or BFLOAT16, received DTYPE_UNSPECIFIED", field);
@@ -72,6 +103,7 @@ StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::i
   }
   const auto row_bytes = static_cast<uint64_t>(row_elements) * dtype_size(view.dtype);
   const auto rows = static_cast<uint64_t>(t.shape(0));
+  if (t.has_shm()) return shm_tensor(field, t, rows, row_bytes, view, sources);
   const uint64_t have = t.data().size();
   // rows * row_bytes could overflow for an absurd first dimension: compare by division first.
   if ((row_bytes > 0 && rows > have / row_bytes) || rows * row_bytes != have) {
@@ -96,7 +128,8 @@ Status check_finite(const char* field, const TensorView& t, int32_t heads, int32
                          bad / per_row, bad % per_row / head_dim, bad % head_dim);
 }
 
-Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_t max_batch, DecodeWork& work) {
+Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_t max_batch, DecodeWork& work,
+                      const TensorSources& sources) {
   PAGODA_RETURN_IF_ERROR(check_layer(r.layer(), g.num_layers));
   const int batch = r.sequence_ids_size();
   if (batch < 1 || batch > max_batch) {
@@ -131,7 +164,7 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
       }
     }
   }
-  StatusOr<TensorView> q = check_tensor("q", r.q(), {rows, g.num_q_heads, g.head_dim});
+  StatusOr<TensorView> q = check_tensor("q", r.q(), {rows, g.num_q_heads, g.head_dim}, sources);
   PAGODA_RETURN_IF_ERROR(q.status());
   if (r.has_k() != r.has_v()) {
     return r.has_k() ? InvalidArgument("v: expected v together with k, received k without v")
@@ -139,9 +172,9 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
   }
   work.k = work.v = nullptr;
   if (r.has_k()) {
-    StatusOr<TensorView> k = check_tensor("k", r.k(), {rows, g.num_kv_heads, g.head_dim});
+    StatusOr<TensorView> k = check_tensor("k", r.k(), {rows, g.num_kv_heads, g.head_dim}, sources);
     PAGODA_RETURN_IF_ERROR(k.status());
-    StatusOr<TensorView> v = check_tensor("v", r.v(), {rows, g.num_kv_heads, g.head_dim});
+    StatusOr<TensorView> v = check_tensor("v", r.v(), {rows, g.num_kv_heads, g.head_dim}, sources);
     PAGODA_RETURN_IF_ERROR(v.status());
     if (v->dtype != k->dtype) {
       return InvalidArgument("v.dtype: expected the dtype of k ({}), received {}", v1::DType_Name(r.k().dtype()),
@@ -152,6 +185,8 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
     work.k = k->data;
     work.v = v->data;
     work.kv_dtype = k->dtype;
+    work.regions[1] = k->region;
+    work.regions[2] = v->region;
   }
   const float scale = r.scale();
   if (!std::isfinite(scale) || scale < 0.f) {
@@ -183,21 +218,23 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
       std::span<const int32_t>(r.expected_lengths().data(), static_cast<size_t>(r.expected_lengths_size()));
   work.q = q->data;
   work.q_dtype = q->dtype;
+  work.regions[0] = q->region;
   work.scale = scale > 0.f ? scale : 1.f / std::sqrt(static_cast<float>(g.head_dim));
   work.sliding_window = r.sliding_window();
   work.soft_cap = cap;
   return Status::Ok();
 }
 
-Status decode_request(const v1::AppendKVRequest& r, const CacheGeometry& g, AppendWork& work) {
+Status decode_request(const v1::AppendKVRequest& r, const CacheGeometry& g, AppendWork& work,
+                      const TensorSources& sources) {
   PAGODA_RETURN_IF_ERROR(check_layer(r.layer(), g.num_layers));
   if (!r.has_k() || !r.has_v()) {
     return InvalidArgument("{}: expected k and v together, received {}", r.has_k() ? "v" : "k",
                            r.has_k() ? "k without v" : (r.has_v() ? "v without k" : "neither"));
   }
-  StatusOr<TensorView> k = check_tensor("k", r.k(), {-1, g.num_kv_heads, g.head_dim});
+  StatusOr<TensorView> k = check_tensor("k", r.k(), {-1, g.num_kv_heads, g.head_dim}, sources);
   PAGODA_RETURN_IF_ERROR(k.status());
-  StatusOr<TensorView> v = check_tensor("v", r.v(), {k->rows, g.num_kv_heads, g.head_dim});
+  StatusOr<TensorView> v = check_tensor("v", r.v(), {k->rows, g.num_kv_heads, g.head_dim}, sources);
   PAGODA_RETURN_IF_ERROR(v.status());
   if (v->dtype != k->dtype) {
     return InvalidArgument("v.dtype: expected the dtype of k ({}), received {}", v1::DType_Name(r.k().dtype()),
@@ -218,6 +255,7 @@ Status decode_request(const v1::AppendKVRequest& r, const CacheGeometry& g, Appe
   work.k = k->data;
   work.v = v->data;
   work.dtype = k->dtype;
+  work.regions = {k->region, v->region};
   return Status::Ok();
 }
 

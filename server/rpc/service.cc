@@ -83,8 +83,8 @@ class AppendCall final : public EngineCall<AppendWork> {
   AppendCall(DecodeAttentionService& service, const grpc::CallbackServerContext& ctx,
              const v1::AppendKVRequest& request, v1::AppendKVResponse& response, TenantId tenant)
       : EngineCall(service), request_(request), response_(response) {
-    const Status status =
-        admit_append(request, static_cast<int64_t>(request.ByteSizeLong()), service.settings(), work_);
+    const Status status = admit_append(request, static_cast<int64_t>(request.ByteSizeLong()), service.settings(),
+                                       work_, service.sources_of(tenant));
     work_.tenant = tenant;
     if (!status.ok()) {
       work_done(status);
@@ -143,13 +143,15 @@ grpc::ServerUnaryReactor* DecodeAttentionService::finish_unary(grpc::CallbackSer
 }
 
 DecodeAttentionService::DecodeAttentionService(const ServiceSettings& settings, Backend& backend, CacheManager& cache,
-                                               Engine& engine, Metrics& metrics, const Authenticator& auth)
+                                               Engine& engine, Metrics& metrics, const Authenticator& auth,
+                                               SharedMemoryRegistry& shm)
     : settings_(settings),
       backend_(backend),
       cache_(cache),
       engine_(engine),
       metrics_(metrics),
-      auth_(auth) {}
+      auth_(auth),
+      shm_(shm) {}
 
 StatusOr<TenantId> DecodeAttentionService::admit_call(const grpc::CallbackServerContext& ctx) {
   if (draining()) return draining_status();
@@ -253,8 +255,8 @@ grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerCon
   if (!tenant.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, tenant.status());
   InlineDecode call;
   engine_.note_arriving();
-  const Status admitted =
-      admit_decode(*request, static_cast<int64_t>(request->ByteSizeLong()), settings_, call.work, *response);
+  const Status admitted = admit_decode(*request, static_cast<int64_t>(request->ByteSizeLong()), settings_, call.work,
+                                       *response, sources_of(*tenant));
   engine_.note_arrived();
   if (!admitted.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, admitted, describe(*request));
   call.work.tenant = *tenant;

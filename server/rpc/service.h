@@ -17,7 +17,9 @@
 #include "observability/metrics.h"
 #include "pagoda/backend.h"
 #include "pagoda/v1/decode_attention.grpc.pb.h"
+#include "rpc/request_decoding.h"
 #include "rpc/service_settings.h"
+#include "shm/shared_memory_registry.h"
 
 namespace pagoda {
 
@@ -31,13 +33,17 @@ using DecodeAttentionBase = v1::DecodeAttention::WithCallbackMethod_GetConfig<
         v1::DecodeAttention::WithCallbackMethod_Decode<v1::DecodeAttention::WithRawCallbackMethod_DecodeStream<
             v1::DecodeAttention::WithCallbackMethod_ForkSequence<v1::DecodeAttention::WithCallbackMethod_FreeSequence<
                 v1::DecodeAttention::WithCallbackMethod_GetSequence<
-                    v1::DecodeAttention::WithCallbackMethod_TruncateSequence<v1::DecodeAttention::Service>>>>>>>>>;
+                    v1::DecodeAttention::WithCallbackMethod_TruncateSequence<
+                        v1::DecodeAttention::WithCallbackMethod_RegisterSharedMemory<
+                            v1::DecodeAttention::WithCallbackMethod_UnregisterSharedMemory<
+                                v1::DecodeAttention::WithCallbackMethod_GetSharedMemoryStatus<
+                                    v1::DecodeAttention::Service>>>>>>>>>>>>;
 
 class DecodeAttentionService final : public DecodeAttentionBase {
  public:
   // `auth` decides each call's tenant (off: every call is the default tenant).
   DecodeAttentionService(const ServiceSettings& settings, Backend& backend, CacheManager& cache, Engine& engine,
-                         Metrics& metrics, const Authenticator& auth);
+                         Metrics& metrics, const Authenticator& auth, SharedMemoryRegistry& shm);
 
   grpc::ServerUnaryReactor* GetConfig(grpc::CallbackServerContext* ctx, const v1::GetConfigRequest* request,
                                       v1::GetConfigResponse* response) override;
@@ -57,6 +63,16 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   grpc::ServerUnaryReactor* TruncateSequence(grpc::CallbackServerContext* ctx,
                                              const v1::TruncateSequenceRequest* request,
                                              v1::TruncateSequenceResponse* response) override;
+  // Shared-memory regions (shared_memory_service.cc).
+  grpc::ServerUnaryReactor* RegisterSharedMemory(grpc::CallbackServerContext* ctx,
+                                                 const v1::RegisterSharedMemoryRequest* request,
+                                                 v1::RegisterSharedMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterSharedMemory(grpc::CallbackServerContext* ctx,
+                                                   const v1::UnregisterSharedMemoryRequest* request,
+                                                   v1::UnregisterSharedMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* GetSharedMemoryStatus(grpc::CallbackServerContext* ctx,
+                                                  const v1::GetSharedMemoryStatusRequest* request,
+                                                  v1::GetSharedMemoryStatusResponse* response) override;
 
   // Drain: new calls get UNAVAILABLE; open streams answer what they have read,
   // then finish with UNAVAILABLE.
@@ -75,6 +91,8 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   CacheManager& cache() { return cache_; }
   Engine& engine() { return engine_; }
   const Authenticator& auth() const { return auth_; }
+  // Where a call of `tenant`'s tensors may lie (its shared-memory regions).
+  TensorSources sources_of(TenantId tenant) const { return {tenant, &shm_}; }
 
   // The calling tenant from the call's `authorization` metadata, or
   // UNAUTHENTICATED (counted by reason; the token is never logged).
@@ -104,6 +122,7 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   Engine& engine_;
   Metrics& metrics_;
   const Authenticator& auth_;
+  SharedMemoryRegistry& shm_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_calls_{0};
   std::atomic<int64_t> refused_while_draining_{0};

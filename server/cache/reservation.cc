@@ -174,7 +174,7 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
   }
   StatusOr<int64_t> needed = blocks_needed(r, seqs_, request);
   PAGODA_RETURN_IF_ERROR(needed.status());
-  if (max_request_blocks_ > 0 && *needed > max_request_blocks_) {
+  if (max_request_blocks_ > 0 && !request.whole_sequence && *needed > max_request_blocks_) {
     return ResourceExhausted("request: expected at most {} new blocks per request (--max-request-blocks), needs {}",
                              max_request_blocks_, *needed);
   }
@@ -272,10 +272,16 @@ Status CacheManager::finish(Reservation& r, BackendStream& stream, std::span<con
     for (size_t p = 0; p < r.parts_.size(); ++p) {
       const Reservation::Part& part = r.parts_[p];
       if (part.end_slot == part.first_slot) continue;
+      if (sources[p].raw) {
+        const std::span<const int64_t> slots(r.slots_.data() + part.first_slot,
+                                             static_cast<size_t>(part.end_slot - part.first_slot));
+        PAGODA_RETURN_IF_ERROR(stream.write_kv_raw(r.layer_, slots, sources[p].k, sources[p].v));
+        continue;
+      }
       writes.push_back({r.layer_, part.end_slot - part.first_slot, r.slots_.data() + part.first_slot, sources[p].k,
                         sources[p].v, sources[p].dtype, &saturated});
     }
-    PAGODA_RETURN_IF_ERROR(stream.write_kv(writes));
+    if (!writes.empty()) PAGODA_RETURN_IF_ERROR(stream.write_kv(writes));
     if (saturated > 0 && saturation_observer_) saturation_observer_(r.layer_, saturated);
   }
 

@@ -13,6 +13,8 @@ std::string_view rpc_method_name(RpcMethod method) {
     case RpcMethod::kFreeSequence: return "FreeSequence";
     case RpcMethod::kGetSequence: return "GetSequence";
     case RpcMethod::kTruncateSequence: return "TruncateSequence";
+    case RpcMethod::kExportSequence: return "ExportSequence";
+    case RpcMethod::kImportSequence: return "ImportSequence";
   }
   return "Unknown";
 }

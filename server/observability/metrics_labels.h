@@ -24,8 +24,10 @@ enum class RpcMethod : uint8_t {
   kFreeSequence,
   kGetSequence,
   kTruncateSequence,
+  kExportSequence,
+  kImportSequence,
 };
-inline constexpr std::size_t kNumRpcMethods = 9;
+inline constexpr std::size_t kNumRpcMethods = 11;
 
 // Stages of one Decode call's path; a stage that costs nothing is not observed.
 enum class DecodeStage : uint8_t {

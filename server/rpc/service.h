@@ -51,8 +51,9 @@ using DecodeAttentionBase = v1::DecodeAttention::WithCallbackMethod_GetConfig<
     v1::DecodeAttention::WithCallbackMethod_CreateSequence<v1::DecodeAttention::WithCallbackMethod_AppendKV<
         v1::DecodeAttention::WithCallbackMethod_Decode<v1::DecodeAttention::WithRawCallbackMethod_DecodeStream<
             v1::DecodeAttention::WithCallbackMethod_ForkSequence<v1::DecodeAttention::WithCallbackMethod_FreeSequence<
-                v1::DecodeAttention::WithCallbackMethod_GetSequence<
-                    v1::DecodeAttention::WithCallbackMethod_TruncateSequence<v1::DecodeAttention::Service>>>>>>>>>;
+                v1::DecodeAttention::WithCallbackMethod_GetSequence<v1::DecodeAttention::WithCallbackMethod_TruncateSequence<
+                    v1::DecodeAttention::WithCallbackMethod_ExportSequence<
+                        v1::DecodeAttention::WithCallbackMethod_ImportSequence<v1::DecodeAttention::Service>>>>>>>>>>>;
 
 class DecodeAttentionService final : public DecodeAttentionBase {
  public:
@@ -78,6 +79,11 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   grpc::ServerUnaryReactor* TruncateSequence(grpc::CallbackServerContext* ctx,
                                              const v1::TruncateSequenceRequest* request,
                                              v1::TruncateSequenceResponse* response) override;
+  // sequence_transfer.cc: the export format's two ends (DESIGN §13).
+  grpc::ServerWriteReactor<v1::SequenceChunk>* ExportSequence(grpc::CallbackServerContext* ctx,
+                                                              const v1::ExportSequenceRequest* request) override;
+  grpc::ServerReadReactor<v1::SequenceChunk>* ImportSequence(grpc::CallbackServerContext* ctx,
+                                                             v1::ImportSequenceResponse* response) override;
 
   // Drain: new calls get UNAVAILABLE; open streams answer what they have read,
   // then finish with UNAVAILABLE.
@@ -96,6 +102,13 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   // RESOURCE_EXHAUSTED past --max-message-bytes (the transport takes twice that).
   Status check_message_size(const google::protobuf::Message& request) const;
   CacheManager& cache() { return cache_; }
+  Backend& backend() { return backend_; }
+  CacheGauges& cache_gauges() { return cache_gauges_; }
+  // A stream for an export's reads or an import's writes: an idle one, or a
+  // new one (CUDA: RESOURCE_EXHAUSTED when the device has no room). Give it
+  // back when done so the next call reuses it.
+  StatusOr<std::unique_ptr<BackendStream>> take_transfer_stream();
+  void give_back_transfer_stream(std::unique_ptr<BackendStream> stream);
   Engine& engine() { return engine_; }
   const Authenticator& auth() const { return auth_; }
 
@@ -131,6 +144,8 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   std::atomic<int64_t> refused_while_draining_{0};
   std::mutex streams_mu_;
   std::unordered_set<DecodeStreamCall*> streams_;
+  std::mutex transfer_mu_;
+  std::vector<std::unique_ptr<BackendStream>> transfer_streams_;  // idle, under transfer_mu_
 };
 
 // The status every call gets while the server drains.

@@ -16,11 +16,13 @@ enum class StatusCode : int {
   kInvalidArgument = 3,
   kDeadlineExceeded = 4,
   kNotFound = 5,
+  kAlreadyExists = 6,
   kResourceExhausted = 8,
   kFailedPrecondition = 9,
   kInternal = 13,
   kUnavailable = 14,
   kUnimplemented = 12,
+  kDataLoss = 15,
   kUnauthenticated = 16,
 };
 
@@ -58,6 +60,16 @@ Status Internal(fmt::format_string<Args...> f, Args&&... args) {
 template <typename... Args>
 Status Unavailable(fmt::format_string<Args...> f, Args&&... args) {
   return {StatusCode::kUnavailable, fmt::format(f, std::forward<Args>(args)...)};
+}
+
+template <typename... Args>
+Status FailedPrecondition(fmt::format_string<Args...> f, Args&&... args) {
+  return {StatusCode::kFailedPrecondition, fmt::format(f, std::forward<Args>(args)...)};
+}
+
+template <typename... Args>
+Status DataLoss(fmt::format_string<Args...> f, Args&&... args) {
+  return {StatusCode::kDataLoss, fmt::format(f, std::forward<Args>(args)...)};
 }
 
 template <typename... Args>

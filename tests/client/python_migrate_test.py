@@ -100,6 +100,11 @@ class Migrate(unittest.TestCase):
         want = self.bits(a, seq, q)
         moved = a.migrate(seq, b)
         self.assertEqual(self.bits(b, moved, q), want)
+        back = b.migrate(moved, self.endpoints[2])  # by address; block size 16 -> 32 -> 16
+        self.assertEqual(self.bits(self.clients[2], back, q), want)
+        moved_back = self.clients[2].migrate(back, b)
+        self.assertEqual(self.bits(b, moved_back, q), want)
+        moved = moved_back
         info = b.get_sequence(moved)
         self.assertEqual(list(info.layer_lengths), [70, 45])
         self.assertEqual(info.label, "chat-9")

@@ -449,7 +449,12 @@ class PagodaClient:
         """Moves a sequence to `target` and returns its id there (DESIGN §13): a bulk stage
         while it keeps serving, catch-up stages of what was appended meanwhile, then
         `hold()` (return once nothing appends to it any more) and a last stage; the source
-        is freed after it. Raises PagodaError, leaving the source as it was, on failure."""
+        is freed after it. Raises PagodaError, leaving the source as it was, on failure.
+        `target` is a PagodaClient, or an address (connected with this client's timeout and
+        $PAGODA_TOKEN)."""
+        if isinstance(target, str):
+            with PagodaClient(target, timeout=self.timeout) as other:
+                return self.migrate(sequence_id, other, hold, max_catch_up_stages, last_stage_tokens, free_source)
         new_id, at = target.import_sequence(self.export_sequence(sequence_id))
 
         def stage():

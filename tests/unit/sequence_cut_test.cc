@@ -2,6 +2,7 @@
 // (CacheManager::import_rows), against the CPU backend's pools.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -202,6 +203,19 @@ TEST(ImportRows, AllOrNothing) {
   ImportRequest again;
   again.restore_id = *id;
   EXPECT_EQ(cache.import_rows(f.stream(), again).status().code(), StatusCode::kAlreadyExists);
+}
+
+TEST(SequenceIds, ARestoredStateContinuesThePermutation) {
+  SequenceIdGenerator first;
+  std::vector<SequenceId> before;
+  for (int i = 0; i < 5; ++i) before.push_back(first.next());
+  SequenceIdGenerator second;  // another random key until restored
+  second.restore(first.state());
+  for (int i = 0; i < 100; ++i) {
+    const SequenceId id = second.next();
+    EXPECT_EQ(id, first.next());
+    EXPECT_EQ(std::count(before.begin(), before.end(), id), 0);
+  }
 }
 
 }  // namespace

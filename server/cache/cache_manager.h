@@ -185,6 +185,10 @@ class CacheManager {
   // of it outside the bookkeeping lock. On error nothing is committed and `r`
   // rolls back when released.
   Status finish(Reservation& r, BackendStream& stream, std::span<const KvSource> sources);
+  // Step 1 of finish alone: `r`'s copy-on-write copies, so that no block it
+  // published stays unfilled while its caller waits for something else (an
+  // import reserving its next layer). finish then makes only what is left.
+  Status make_copies(Reservation& r, BackendStream& stream);
   // Starts `r` on the layer of `from` and pins exactly what sequence `index` of
   // `from` reads (the determinism checker re-reads a launch's view after it).
   void pin_copy(const Reservation& from, int32_t index, Reservation& r);

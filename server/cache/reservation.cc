@@ -230,27 +230,36 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
   return Status::Ok();
 }
 
-Status CacheManager::finish(Reservation& r, BackendStream& stream, std::span<const KvSource> sources) {
+Status CacheManager::make_copies(Reservation& r, BackendStream& stream) {
   assert(r.owner_ == this && !r.committed_);
-  assert(sources.size() >= r.parts_.size() || r.slots_.empty());
-  // 1. This reservation's copies: the sources stay pinned until done.
+  // The sources stay pinned until done.
   Status status;
+  bool made = false;
   for (Reservation::Copy& c : r.copies_) {
+    if (c.done) continue;  // made by an earlier call
     status = stream.copy_block(c.src, c.dst);
     if (!status.ok()) break;
     c.done = true;
+    made = true;
   }
-  if (!r.copies_.empty()) {
+  if (made) {
     std::lock_guard lock(mu_);
     for (Reservation::Copy& c : r.copies_) {
-      if (!c.done) continue;
+      if (!c.done || c.src < 0) continue;
       fill_[c.dst] = Fill::kReady;
       unpin(c.src);
       c.src = -1;  // unpinned: release() leaves it alone
     }
     filled_.notify_all();
   }
-  if (!status.ok()) return status;
+  return status;
+}
+
+Status CacheManager::finish(Reservation& r, BackendStream& stream, std::span<const KvSource> sources) {
+  assert(r.owner_ == this && !r.committed_);
+  assert(sources.size() >= r.parts_.size() || r.slots_.empty());
+  // 1. This reservation's copies (those make_copies has not made yet).
+  PAGODA_RETURN_IF_ERROR(make_copies(r, stream));
 
   // 2. Copies other reservations are making into blocks this one uses. They
   // never wait for anything themselves, so this cannot deadlock.

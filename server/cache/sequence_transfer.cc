@@ -132,6 +132,10 @@ StatusOr<SequenceId> CacheManager::import_rows(BackendStream& stream, const Impo
       if (!status.ok()) return fail(status);
       sources[l].push_back({});
     }
+    // Before the next layer's token: a reader of `into` on another layer may
+    // wait for these copies, so they must not wait for that layer's writer.
+    status = make_copies(reservations[l], stream);
+    if (!status.ok()) return fail(status);
   }
   if (next != request.rows.size()) {
     return fail(InvalidArgument("rows: expected layers in order, received layer {} after layer {}",

@@ -205,6 +205,43 @@ TEST(ImportRows, AllOrNothing) {
   EXPECT_EQ(cache.import_rows(f.stream(), again).status().code(), StatusCode::kAlreadyExists);
 }
 
+// A stage into a sequence whose partly filled last block a fork shares: the
+// block is copied first, and the fork keeps what it had.
+TEST(ImportRows, AStageCopiesASharedLastBlock) {
+  CacheFixture f({geometry(16), 1, 1});
+  CacheManager& cache = f.cache();
+  const CacheGeometry& g = cache.geometry();
+  const SequenceId id = cache.create("");
+  append(cache, f.stream(), id, 0, 0, 6, 100);
+  append(cache, f.stream(), id, 1, 0, 6, 200);
+  StatusOr<SequenceId> fork = cache.fork(id);
+  ASSERT_TRUE(fork.ok());
+  const std::vector<float> k = rows(g, 6, 3, 900);
+  const std::vector<float> v = rows(g, 6, 3, -900);
+  RawRows stage_rows[] = {{0, 3, k.data(), v.data()}, {1, 3, k.data(), v.data()}};
+  const int32_t expected[] = {6, 6};
+  ImportRequest stage;
+  stage.into = id;
+  stage.expected_lengths = expected;
+  stage.rows = stage_rows;
+  std::vector<int32_t> lengths;
+  ASSERT_TRUE(cache.import_rows(f.stream(), stage, &lengths).ok());
+  EXPECT_EQ(lengths, (std::vector<int32_t>{9, 9}));
+  EXPECT_NE(cache.block_table(id)[1], cache.block_table(*fork)[1]);
+  SequenceCut mine, theirs;
+  ASSERT_TRUE(cache.cut(id, std::nullopt, mine).ok());
+  ASSERT_TRUE(cache.cut(*fork, std::nullopt, theirs).ok());
+  const auto [k_mine, v_mine] = read(mine, f.stream(), 1, 64);
+  const auto [k_theirs, v_theirs] = read(theirs, f.stream(), 1, 64);
+  ASSERT_EQ(k_mine.size(), 9u);
+  ASSERT_EQ(k_theirs.size(), 6u);
+  for (int32_t t = 0; t < 6; ++t) {
+    EXPECT_EQ(k_mine[static_cast<size_t>(t)], 200 + t);
+    EXPECT_EQ(k_theirs[static_cast<size_t>(t)], 200 + t);
+  }
+  for (int32_t t = 6; t < 9; ++t) EXPECT_EQ(k_mine[static_cast<size_t>(t)], 900 + t);
+}
+
 TEST(SequenceIds, ARestoredStateContinuesThePermutation) {
   SequenceIdGenerator first;
   std::vector<SequenceId> before;

@@ -79,7 +79,10 @@ StatusOr<bool> ExportChunks::next(BackendStream& stream, v1::SequenceChunk* out)
   const int32_t end = std::min(position_ + chunk_tokens_, cut_->lengths[static_cast<size_t>(layer_)]);
   const int32_t n = end - position_;
   const size_t half = static_cast<size_t>(n) * static_cast<size_t>(geometry_.token_kv_bytes() / 2);
-  out->Clear();
+  // Fields set one by one rather than Clear(): a reused message keeps its data
+  // string, so a chunk of the same size is not zero-filled before read_kv
+  // overwrites it.
+  out->clear_header();
   out->set_index(index_++);
   out->set_layer(layer_);
   out->set_first_token(position_);

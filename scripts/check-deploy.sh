@@ -78,6 +78,10 @@ if command -v kubectl >/dev/null 2>&1; then
   cp -r deploy/kubernetes "$tmp/kubernetes"
   printf 'components:\n  - secure\n' >> "$tmp/kubernetes/kustomization.yaml"
   check "kubectl kustomize with the secure component renders" kubectl kustomize "$tmp/kubernetes"
+  # The snapshot on a PersistentVolumeClaim instead of the emptyDir (rolling updates keep it).
+  printf '  - persistent-snapshot\n' >> "$tmp/kubernetes/kustomization.yaml"
+  check "kubectl kustomize with the persistent-snapshot component renders a claim" \
+    bash -c "kubectl kustomize '$tmp/kubernetes' | grep -q 'volumeClaimTemplates:'"
 else
   echo "SKIP  kubectl kustomize deploy/kubernetes (no kubectl on this machine)"
 fi

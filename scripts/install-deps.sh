@@ -14,7 +14,7 @@ build_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libhwy-dev libtbb-dev libcli11-dev
+  libhwy-dev libtbb-dev libcli11-dev libxxhash-dev
   python3-grpcio python3-protobuf python3-numpy python3-venv python3-setuptools python3-wheel
   python3-torch
   openssl

@@ -1,11 +1,13 @@
 // pagoda-bench: `kernel` times the backends in-process; `service` times the
 // service over gRPC next to the in-process kernel on the same shape; `soak`
-// runs many clients' mixed operations and verifies every token.
+// runs many clients' mixed operations and verifies every token; `transfer`
+// times ExportSequence/ImportSequence and a staged migration.
 #include <CLI/CLI.hpp>
 
 #include "kernel_bench.h"
 #include "service_bench.h"
 #include "soak_bench.h"
+#include "transfer_bench.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"pagoda-bench: kernel and service benchmarks (figures are ratios measured in one run)"};
@@ -14,6 +16,7 @@ int main(int argc, char** argv) {
   pagoda::bench::add_kernel_command(app);
   pagoda::bench::add_service_command(app, exit_code);
   pagoda::bench::add_soak_command(app, exit_code);
+  pagoda::bench::add_transfer_command(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -254,6 +254,35 @@ void add_rpc_commands(CLI::App& app, CliContext& ctx) {
                                  : report_error(lengths.error());
   });
 
+  struct MigrateArgs {
+    uint64_t seq = 0;
+    std::string to;
+    bool keep_source = false;
+  };
+  auto migrate_args = std::make_shared<MigrateArgs>();
+  auto* migrate = app.add_subcommand(
+      "migrate", "Move a sequence to another server (export, import in stages, free the source); prints its new id");
+  migrate->add_option("--seq", migrate_args->seq, "Sequence id on --server")->required();
+  migrate->add_option("--to", migrate_args->to, "Target server host:port (same --token and TLS flags)")->required();
+  migrate->add_flag("--keep-source", migrate_args->keep_source, "Leave the source sequence in place (a copy)");
+  migrate->callback([&ctx, migrate_args] {
+    ClientOptions base;
+    base.timeout = std::chrono::milliseconds(ctx.timeout_ms);
+    std::unique_ptr<Client> source = ctx.connect();
+    std::unique_ptr<Client> target = Client::connect(migrate_args->to, ctx.connection.options(base));
+    MigrateOptions options;
+    options.free_source = !migrate_args->keep_source;
+    auto moved = source->migrate(migrate_args->seq, *target, options);
+    if (!moved.ok()) {
+      ctx.exit_code = report_error(moved.error());
+      return;
+    }
+    fmt::print("{}\n", moved->sequence_id);
+    fmt::print(stderr, "sequence {} on {} -> {} on {}: layer lengths {}, {} bytes in {} stages{}\n",
+               migrate_args->seq, source->address(), moved->sequence_id, migrate_args->to, moved->layer_lengths,
+               moved->bytes, moved->stages, migrate_args->keep_source ? " (source kept)" : ", source freed");
+  });
+
   auto inspect_id = std::make_shared<uint64_t>(0);
   auto* inspect = app.add_subcommand("inspect", "Per-layer lengths and blocks of a sequence (GetSequence)");
   inspect->add_option("--seq", *inspect_id, "Sequence id")->required();

@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   pagoda::client::CliContext ctx;
   CLI::App app{"pagoda-cli: client of the pagoda decode-attention service (pagoda.v1)"};
   app.require_subcommand(1);
+  // The connection flags may come after the command too: `migrate --server A --seq ID --to B`.
+  app.fallthrough();
   ctx.connection.add_to(app);
   app.add_option("--timeout-ms", ctx.timeout_ms, "Deadline of each call in milliseconds (0 = none)")
       ->check(CLI::NonNegativeNumber)

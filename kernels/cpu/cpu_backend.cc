@@ -85,6 +85,42 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
   return Status::Ok();
 }
 
+Status CpuStream::read_kv(int32_t layer, std::span<const int64_t> slots, void* k, void* v) {
+  const CacheGeometry& g = backend_.geometry();
+  const size_t row = static_cast<size_t>(g.head_dim) * dtype_size(g.dtype);
+  auto* k_out = static_cast<std::byte*>(k);
+  auto* v_out = static_cast<std::byte*>(v);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    assert(slots[i] >= 0 && slots[i] < static_cast<int64_t>(g.num_blocks) * g.block_size);
+    const auto block = static_cast<int32_t>(slots[i] / g.block_size);
+    const auto slot = static_cast<int32_t>(slots[i] % g.block_size);
+    for (int32_t h = 0; h < g.num_kv_heads; ++h) {
+      const size_t at = (i * static_cast<size_t>(g.num_kv_heads) + static_cast<size_t>(h)) * row;
+      std::memcpy(k_out + at, backend_.k_at(layer, block, h, slot), row);
+      std::memcpy(v_out + at, backend_.v_at(layer, block, h, slot), row);
+    }
+  }
+  return Status::Ok();
+}
+
+Status CpuStream::write_kv_raw(int32_t layer, std::span<const int64_t> slots, const void* k, const void* v) {
+  const CacheGeometry& g = backend_.geometry();
+  const size_t row = static_cast<size_t>(g.head_dim) * dtype_size(g.dtype);
+  const auto* k_in = static_cast<const std::byte*>(k);
+  const auto* v_in = static_cast<const std::byte*>(v);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    assert(slots[i] >= 0 && slots[i] < static_cast<int64_t>(g.num_blocks) * g.block_size);
+    const auto block = static_cast<int32_t>(slots[i] / g.block_size);
+    const auto slot = static_cast<int32_t>(slots[i] % g.block_size);
+    for (int32_t h = 0; h < g.num_kv_heads; ++h) {
+      const size_t at = (i * static_cast<size_t>(g.num_kv_heads) + static_cast<size_t>(h)) * row;
+      std::memcpy(backend_.k_at(layer, block, h, slot), k_in + at, row);
+      std::memcpy(backend_.v_at(layer, block, h, slot), v_in + at, row);
+    }
+  }
+  return Status::Ok();
+}
+
 Status CpuStream::copy_block(int32_t src, int32_t dst) {
   const CacheGeometry& g = backend_.geometry();
   assert(src >= 0 && src < g.num_blocks && dst >= 0 && dst < g.num_blocks);

@@ -86,6 +86,8 @@ class CpuStream final : public BackendStream {
   explicit CpuStream(CpuBackend& backend) : backend_(backend) {}
 
   Status write_kv(std::span<const KvWrite> writes) override;
+  Status read_kv(int32_t layer, std::span<const int64_t> slots, void* k, void* v) override;
+  Status write_kv_raw(int32_t layer, std::span<const int64_t> slots, const void* k, const void* v) override;
   Status copy_block(int32_t src, int32_t dst) override;
   Status poison_blocks(std::span<const int32_t> blocks) override;
   Status decode(const DecodeLaunch& launch, DecodeOutputs& outputs) override;

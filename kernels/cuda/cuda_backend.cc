@@ -133,6 +133,49 @@ CudaStream::~CudaStream() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
+Status CudaStream::copy_rows(int32_t layer, std::span<const int64_t> slots, void* k, void* v, bool to_device) {
+  const CacheGeometry& g = backend_.geometry();
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
+  const size_t elem = dtype_size(g.dtype);
+  const size_t row = static_cast<size_t>(g.head_dim) * elem;
+  const size_t host_pitch = row * static_cast<size_t>(g.num_kv_heads);
+  void* pools[2] = {backend_.k_pool(), backend_.v_pool()};
+  void* hosts[2] = {k, v};
+  for (size_t first = 0; first < slots.size();) {
+    const int64_t block = slots[first] / g.block_size;
+    size_t last = first + 1;
+    while (last < slots.size() && slots[last] == slots[last - 1] + 1 && slots[last] / g.block_size == block) ++last;
+    const auto slot = static_cast<int32_t>(slots[first] % g.block_size);
+    for (int32_t h = 0; h < g.num_kv_heads; ++h) {
+      const size_t device_at =
+          static_cast<size_t>(g.element_offset(layer, static_cast<int32_t>(block), h, slot)) * elem;
+      const size_t host_at = first * host_pitch + static_cast<size_t>(h) * row;
+      for (int p = 0; p < 2; ++p) {
+        auto* device = static_cast<unsigned char*>(pools[p]) + device_at;
+        auto* host = static_cast<unsigned char*>(hosts[p]) + host_at;
+        if (to_device) {
+          PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(device, row, host, host_pitch, row, last - first,
+                                                        cudaMemcpyHostToDevice, stream_));
+        } else {
+          PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(host, host_pitch, device, row, row, last - first,
+                                                        cudaMemcpyDeviceToHost, stream_));
+        }
+      }
+    }
+    first = last;
+  }
+  PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status::Ok();
+}
+
+Status CudaStream::read_kv(int32_t layer, std::span<const int64_t> slots, void* k, void* v) {
+  return copy_rows(layer, slots, k, v, false);
+}
+
+Status CudaStream::write_kv_raw(int32_t layer, std::span<const int64_t> slots, const void* k, const void* v) {
+  return copy_rows(layer, slots, const_cast<void*>(k), const_cast<void*>(v), true);
+}
+
 Status CudaStream::copy_block(int32_t src, int32_t dst) {
   const CacheGeometry& g = backend_.geometry();
   assert(src >= 0 && src < g.num_blocks && dst >= 0 && dst < g.num_blocks);

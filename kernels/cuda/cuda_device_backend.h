@@ -71,6 +71,8 @@ class CudaStream final : public BackendStream {
   ~CudaStream() override;
 
   Status write_kv(std::span<const KvWrite> writes) override;
+  Status read_kv(int32_t layer, std::span<const int64_t> slots, void* k, void* v) override;
+  Status write_kv_raw(int32_t layer, std::span<const int64_t> slots, const void* k, const void* v) override;
   Status copy_block(int32_t src, int32_t dst) override;
   Status poison_blocks(std::span<const int32_t> blocks) override;
   Status decode(const DecodeLaunch& launch, DecodeOutputs& outputs) override;
@@ -85,6 +87,9 @@ class CudaStream final : public BackendStream {
   // Sizes every workspace for a launch of `shape` (grows only past a high-water mark).
   Status reserve_decode(const DecodeShape& shape);
   Status reserve_append(size_t bytes);
+  // read_kv and write_kv_raw: one 2-D copy per KV head per run of consecutive
+  // slots in one block (host rows [slot][head][dim], device [head][slot][dim]).
+  Status copy_rows(int32_t layer, std::span<const int64_t> slots, void* k, void* v, bool to_device);
 
   CudaBackend& backend_;
   DecodePlan plan_;  // the current launch's, reused

@@ -1,6 +1,7 @@
 #include "app/server.h"
 
 #include "app/idle_sweeper.h"
+#include "app/snapshot_steps.h"
 
 #include <algorithm>
 #include <chrono>
@@ -144,6 +145,7 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   }
   s->apply_tenant_limits();
   s->shm_ = std::make_unique<SharedMemoryRegistry>(raw.allow_shared_memory);
+  const bool restoring = !raw.snapshot_dir.empty() && restore_snapshot_ids(s->snapshot_parts());
   s->service_ = std::make_unique<DecodeAttentionService>(settings, *s->backend_, *s->cache_, *s->engine_,
                                                          *s->metrics_, *s->auth_, *s->shm_);
 
@@ -171,6 +173,11 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
                          raw.tls_key);
     }
     return Unavailable("--listen: expected an address this process can bind, received '{}'", raw.listen);
+  }
+  if (restoring) {
+    s->server_->GetHealthCheckService()->SetServingStatus(false);
+    restore_snapshot_sequences(s->snapshot_parts());
+    s->cache_gauges_->publish();
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->address_ = with_port(raw.listen, s->port_);
@@ -252,8 +259,21 @@ void PagodaServer::shutdown(double drain_seconds) {
     spdlog::info("shutdown: determinism checks: {} done, {} mismatches, {} skipped (queue full or sequence freed)",
                  checks.checked, checks.mismatches, checks.skipped);
   }
+  if (!config_.raw.snapshot_dir.empty()) write_snapshot_after_drain(snapshot_parts());
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("shutdown: done in {:.3f} s", took);
+}
+
+SnapshotParts PagodaServer::snapshot_parts() {
+  SnapshotParts p;
+  p.dir = config_.raw.snapshot_dir;
+  p.cache = cache_.get();
+  p.backend = backend_.get();
+  p.auth = auth_.get();
+  p.metrics = metrics_.get();
+  p.max_label_bytes = config_.raw.max_label_bytes;
+  p.max_sequence_tokens = config_.raw.max_sequence_tokens;
+  return p;
 }
 
 }  // namespace pagoda

@@ -27,6 +27,7 @@ class Metrics;
 class SummaryLogger;
 class IdleSweeper;
 class Authenticator;
+struct SnapshotParts;
 
 class PagodaServer {
  public:
@@ -64,6 +65,8 @@ class PagodaServer {
   PagodaServer() = default;
   // The cache's quota of every tenant: the tokens file's, else the --tenant-max-* defaults.
   void apply_tenant_limits();
+  // What the --snapshot-dir steps (snapshot_steps.h) act on.
+  SnapshotParts snapshot_parts();
 
   // Declared in dependency order: each is destroyed before what it uses.
   EffectiveConfig config_;

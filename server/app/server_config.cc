@@ -150,14 +150,15 @@ std::string describe(const EffectiveConfig& e) {
       "max_label_bytes={} max_request_tokens={} max_request_blocks={} max_stream_in_flight={} idle_ttl={}s "
       "threads={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={} "
       "log_summary_interval={}s tls={} auth={} tenant_max_blocks={} tenant_max_sequences={} max_sequences={} "
-      "max_sequence_tokens={}",
+      "max_sequence_tokens={} snapshot_dir={}",
       g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim, g.block_size, g.num_blocks,
       block_bytes(g) * g.num_blocks, dtype_name(g.dtype), c.kv_scales, c.split_tokens, c.mode, c.max_batch,
       c.max_batch_wait_us, c.max_message_bytes, c.max_label_bytes, c.max_request_tokens, e.max_request_blocks,
       c.max_stream_in_flight, c.idle_ttl, c.threads, c.backend, c.drain_timeout, c.metrics_address,
       c.determinism_sample_rate, c.log_summary_interval,
       !e.tls.enabled() ? "off" : e.tls.client_ca.empty() ? "on" : "mutual", c.auth_tokens.empty() ? "off" : c.auth_tokens,
-      c.tenant_max_blocks, c.tenant_max_sequences, c.max_sequences, c.max_sequence_tokens);
+      c.tenant_max_blocks, c.tenant_max_sequences, c.max_sequences, c.max_sequence_tokens,
+      c.snapshot_dir.empty() ? "off" : c.snapshot_dir);
 }
 
 }  // namespace pagoda

@@ -42,6 +42,7 @@ struct ServerConfig {
   std::string tls_key;                             // PEM private key of tls_cert
   std::string tls_client_ca;                       // PEM CA: require and verify client certificates
   std::string auth_tokens;                         // tokens file (auth/tokens_file.h); empty: no auth
+  std::string snapshot_dir;                        // sequences written here after a drain, restored at start
   int64_t tenant_max_blocks = 0;                   // a tenant's blocks unless its line says; 0: no limit
   int64_t tenant_max_sequences = 0;                // a tenant's sequences unless its line says; 0: no limit
   bool allow_shared_memory = false;                // co-located clients may register shared memory

@@ -51,6 +51,8 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
   add(app, "--max-sequences", c.max_sequences, "Most sequences the server holds, every tenant's together (0: no limit)");
   add(app, "--max-sequence-tokens", c.max_sequence_tokens, "Most tokens one sequence holds in a layer (0: no limit)");
   add(app, "--idle-ttl", c.idle_ttl, "Seconds a sequence may go unused before it is freed (0: never)");
+  add(app, "--snapshot-dir", c.snapshot_dir,
+      "Directory every sequence is written to after the drain on SIGTERM and restored from at start (empty: off)");
   add(app, "--tls-cert", c.tls_cert, "PEM certificate chain: serve TLS (1.2+) on the gRPC port (with --tls-key)");
   add(app, "--tls-key", c.tls_key, "PEM private key of --tls-cert");
   add(app, "--tls-client-ca", c.tls_client_ca, "PEM CA certificates: require client certificates they sign (mTLS)");

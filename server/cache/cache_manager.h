@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "cache/reservation.h"
+#include "cache/sequence_cut.h"
 #include "cache/sequence_ids.h"
 #include "cache/tenant.h"
 #include "pagoda/backend.h"
@@ -71,6 +72,9 @@ struct ReserveRequest {
   // unchecked. A sequence holding fewer tokens than its rows after the append
   // is INVALID_ARGUMENT (one row on an empty sequence is allowed).
   std::span<const int32_t> query_rows;
+  // An import's part: --max-request-blocks does not apply (its size is the
+  // export's; quotas and the other limits do).
+  bool whole_sequence = false;
 
   int32_t tokens_of(size_t i) const { return new_tokens.empty() ? new_tokens_each : new_tokens[i]; }
 };
@@ -80,6 +84,33 @@ struct KvSource {
   const void* k = nullptr;
   const void* v = nullptr;
   DType dtype = DType::kFloat32;
+  // k and v hold the cache dtype's stored bytes (an import): written as they
+  // are, with no conversion or scale (BackendStream::write_kv_raw).
+  bool raw = false;
+};
+
+// Stored rows to append to one layer (an import): k and v each
+// [num_tokens, num_kv_heads, head_dim] in the cache dtype.
+struct RawRows {
+  int32_t layer = 0;
+  int32_t num_tokens = 0;
+  const void* k = nullptr;
+  const void* v = nullptr;
+};
+
+// One import (sequence_transfer.cc): rows appended to a new sequence or to an
+// existing one, all of them or none.
+struct ImportRequest {
+  TenantId tenant = kDefaultTenant;
+  std::string label;  // a new sequence's
+  // 0: a new sequence. Else append to this one (of `tenant`), which must hold
+  // exactly expected_lengths[l] tokens in each layer l (FAILED_PRECONDITION).
+  SequenceId into = 0;
+  std::span<const int32_t> expected_lengths;  // [num_layers] with `into`
+  // A new sequence takes this id instead of a fresh one (a snapshot's
+  // restore); ALREADY_EXISTS when it is taken.
+  SequenceId restore_id = 0;
+  std::span<const RawRows> rows;  // layers in order, each layer's tokens in order
 };
 
 class CacheManager {
@@ -163,6 +194,10 @@ class CacheManager {
   // of it outside the bookkeeping lock. On error nothing is committed and `r`
   // rolls back when released.
   Status finish(Reservation& r, BackendStream& stream, std::span<const KvSource> sources);
+  // Step 1 of finish alone: `r`'s copy-on-write copies, so that no block it
+  // published stays unfilled while its caller waits for something else (an
+  // import reserving its next layer). finish then makes only what is left.
+  Status make_copies(Reservation& r, BackendStream& stream);
   // Starts `r` on the layer of `from` and pins exactly what sequence `index` of
   // `from` reads (the determinism checker re-reads a launch's view after it).
   void pin_copy(const Reservation& from, int32_t index, Reservation& r);
@@ -171,6 +206,24 @@ class CacheManager {
   StatusOr<int32_t> append(BackendStream& stream, SequenceId id, int32_t layer, int32_t num_tokens, const void* k,
                            const void* v, DType dtype, std::optional<int32_t> expected_length = std::nullopt,
                            TenantId tenant = kDefaultTenant);
+
+  // A consistent cut of `id` for `tenant` (any tenant when unset: the
+  // snapshot's), pinned until `cut` is released. Counts as a use (--idle-ttl).
+  Status cut(SequenceId id, std::optional<TenantId> tenant, SequenceCut& cut);
+  // Appends `request.rows` (stored bytes) to a new sequence or to
+  // request.into, through the reservations appends take: every layer's writer
+  // token in layer order, quotas and limits as for appends. All or nothing:
+  // on error no sequence is created and `into` is unchanged (a backend write
+  // failing after some layers committed is the one exception: INTERNAL).
+  // Returns the sequence's id; `lengths` gets its lengths after.
+  StatusOr<SequenceId> import_rows(BackendStream& stream, const ImportRequest& request,
+                                   std::vector<int32_t>* lengths = nullptr);
+  // Every sequence's id, all tenants (a snapshot lists them).
+  std::vector<SequenceId> sequence_ids() const;
+  // The id permutation's key and counter (a snapshot keeps them), and their
+  // restore before serving (ids stay valid, new ones never repeat old ones).
+  SequenceIdGenerator::State id_state() const;
+  void restore_id_state(const SequenceIdGenerator::State& state);
 
   // Tokens `ids` hold in `layer` (committed), summed; unknown ids count 0.
   int64_t cached_tokens(int32_t layer, std::span<const SequenceId> ids) const;
@@ -185,6 +238,7 @@ class CacheManager {
 
  private:
   friend class Reservation;
+  friend class SequenceCut;
 
   struct Sequence {
     TenantId tenant = kDefaultTenant;
@@ -232,6 +286,9 @@ class CacheManager {
   void pin_range(Reservation& r, const Sequence& s, int32_t length);
   void rollback(Reservation& r);
   void trim_tail(Sequence& s);
+  // A new empty sequence of `tenant` with `id` (fresh when 0), quota checked.
+  StatusOr<SequenceId> add_sequence(TenantId tenant, std::string label, SequenceId id);
+  void release(SequenceCut& cut);
   // Called by Reservation::release: the blocks it returned to the free list.
   int32_t release(Reservation& r);
 

@@ -173,7 +173,7 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
   }
   StatusOr<int64_t> needed = blocks_needed(r, seqs_, request);
   PAGODA_RETURN_IF_ERROR(needed.status());
-  if (max_request_blocks_ > 0 && *needed > max_request_blocks_) {
+  if (max_request_blocks_ > 0 && !request.whole_sequence && *needed > max_request_blocks_) {
     return ResourceExhausted("request: expected at most {} new blocks per request (--max-request-blocks), needs {}",
                              max_request_blocks_, *needed);
   }
@@ -229,27 +229,36 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
   return Status::Ok();
 }
 
-Status CacheManager::finish(Reservation& r, BackendStream& stream, std::span<const KvSource> sources) {
+Status CacheManager::make_copies(Reservation& r, BackendStream& stream) {
   assert(r.owner_ == this && !r.committed_);
-  assert(sources.size() >= r.parts_.size() || r.slots_.empty());
-  // 1. This reservation's copies: the sources stay pinned until done.
+  // The sources stay pinned until done.
   Status status;
+  bool made = false;
   for (Reservation::Copy& c : r.copies_) {
+    if (c.done) continue;  // made by an earlier call
     status = stream.copy_block(c.src, c.dst);
     if (!status.ok()) break;
     c.done = true;
+    made = true;
   }
-  if (!r.copies_.empty()) {
+  if (made) {
     std::lock_guard lock(mu_);
     for (Reservation::Copy& c : r.copies_) {
-      if (!c.done) continue;
+      if (!c.done || c.src < 0) continue;
       fill_[c.dst] = Fill::kReady;
       unpin(c.src);
       c.src = -1;  // unpinned: release() leaves it alone
     }
     filled_.notify_all();
   }
-  if (!status.ok()) return status;
+  return status;
+}
+
+Status CacheManager::finish(Reservation& r, BackendStream& stream, std::span<const KvSource> sources) {
+  assert(r.owner_ == this && !r.committed_);
+  assert(sources.size() >= r.parts_.size() || r.slots_.empty());
+  // 1. This reservation's copies (those make_copies has not made yet).
+  PAGODA_RETURN_IF_ERROR(make_copies(r, stream));
 
   // 2. Copies other reservations are making into blocks this one uses. They
   // never wait for anything themselves, so this cannot deadlock.
@@ -271,10 +280,16 @@ Status CacheManager::finish(Reservation& r, BackendStream& stream, std::span<con
     for (size_t p = 0; p < r.parts_.size(); ++p) {
       const Reservation::Part& part = r.parts_[p];
       if (part.end_slot == part.first_slot) continue;
+      if (sources[p].raw) {
+        const std::span<const int64_t> slots(r.slots_.data() + part.first_slot,
+                                             static_cast<size_t>(part.end_slot - part.first_slot));
+        PAGODA_RETURN_IF_ERROR(stream.write_kv_raw(r.layer_, slots, sources[p].k, sources[p].v));
+        continue;
+      }
       writes.push_back({r.layer_, part.end_slot - part.first_slot, r.slots_.data() + part.first_slot, sources[p].k,
                         sources[p].v, sources[p].dtype, &saturated});
     }
-    PAGODA_RETURN_IF_ERROR(stream.write_kv(writes));
+    if (!writes.empty()) PAGODA_RETURN_IF_ERROR(stream.write_kv(writes));
     if (saturated > 0 && saturation_observer_) saturation_observer_(r.layer_, saturated);
   }
 

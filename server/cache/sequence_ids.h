@@ -23,6 +23,19 @@ class SequenceIdGenerator {
   // The next id: never 0, never one returned before.
   SequenceId next();
 
+  // Key and counter: a generator given the state of another continues its
+  // permutation where it stopped (a snapshot's restore: the old ids stay
+  // valid and no new id repeats one).
+  struct State {
+    std::array<uint64_t, 4> key{};
+    uint64_t counter = 0;
+  };
+  State state() const { return {key_, counter_}; }
+  void restore(const State& state) {
+    key_ = state.key;
+    counter_ = state.counter;
+  }
+
  private:
   std::array<uint64_t, 4> key_{};
   uint64_t counter_ = 0;

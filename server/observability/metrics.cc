@@ -141,6 +141,23 @@ Metrics::Metrics(const MetricsOptions& options)
                             .Help("Sequences freed by --idle-ttl after going unused that long")
                             .Register(r)
                             .Add({});
+  auto& snapshot_seconds = BuildGauge()
+                               .Name("pagoda_snapshot_seconds")
+                               .Help("Seconds the last snapshot took: written after the drain, or restored at start")
+                               .Register(r);
+  snapshot_write_seconds_ = &snapshot_seconds.Add({{"phase", "write"}});
+  snapshot_restore_seconds_ = &snapshot_seconds.Add({{"phase", "restore"}});
+  auto& snapshot_bytes = BuildCounter()
+                             .Name("pagoda_snapshot_bytes_total")
+                             .Help("Bytes of snapshot files written (phase write) or read (phase restore)")
+                             .Register(r);
+  snapshot_write_bytes_ = &snapshot_bytes.Add({{"phase", "write"}});
+  snapshot_restore_bytes_ = &snapshot_bytes.Add({{"phase", "restore"}});
+  snapshot_restore_failures_ = &BuildCounter()
+                                    .Name("pagoda_snapshot_restore_failures_total")
+                                    .Help("Snapshot files skipped at start: corrupt, truncated or mismatched")
+                                    .Register(r)
+                                    .Add({});
   auto& auth = BuildCounter()
                    .Name("pagoda_auth_failures_total")
                    .Help("Calls refused UNAUTHENTICATED, by reason (missing, malformed or unknown token)")
@@ -282,6 +299,12 @@ void Metrics::add_kv_read(double bytes, double shared_bytes, double compute_seco
 std::string Metrics::exposition() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }
 
 void Metrics::add_sequences_evicted(int64_t n) { sequences_evicted_->Increment(static_cast<double>(n)); }
+
+void Metrics::observe_snapshot(bool restore, double seconds, int64_t bytes, int64_t failures) {
+  (restore ? snapshot_restore_seconds_ : snapshot_write_seconds_)->Set(seconds);
+  (restore ? snapshot_restore_bytes_ : snapshot_write_bytes_)->Increment(static_cast<double>(bytes));
+  if (restore) snapshot_restore_failures_->Increment(static_cast<double>(failures));
+}
 
 void Metrics::add_auth_failure(std::string_view reason) {
   (reason == "missing" ? auth_missing_ : reason == "malformed" ? auth_malformed_ : auth_unknown_)->Increment();

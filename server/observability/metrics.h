@@ -96,6 +96,9 @@ class Metrics {
   void add_kv_saturated(int32_t layer, int64_t elements);
   // A call refused UNAUTHENTICATED: reason "missing", "malformed" or "unknown".
   void add_auth_failure(std::string_view reason);
+  // A snapshot written after the drain (restore false) or restored at start:
+  // its duration, file bytes and (restore) the files skipped.
+  void observe_snapshot(bool restore, double seconds, int64_t bytes, int64_t failures);
   // One authenticated call of tenant `id` (named `name`), in
   // pagoda_tenant_requests_total{tenant}; tenants come from the tokens file, so
   // the label set is bounded by it.
@@ -155,6 +158,11 @@ class Metrics {
   prometheus::Counter* attention_compute_seconds_ = nullptr;
   std::vector<prometheus::Counter*> kv_saturated_;  // [kv_saturation_layers]
   prometheus::Counter* sequences_evicted_ = nullptr;
+  prometheus::Gauge* snapshot_write_seconds_ = nullptr;
+  prometheus::Gauge* snapshot_restore_seconds_ = nullptr;
+  prometheus::Counter* snapshot_write_bytes_ = nullptr;
+  prometheus::Counter* snapshot_restore_bytes_ = nullptr;
+  prometheus::Counter* snapshot_restore_failures_ = nullptr;
   prometheus::Counter* auth_missing_ = nullptr;
   prometheus::Counter* auth_malformed_ = nullptr;
   prometheus::Counter* auth_unknown_ = nullptr;

@@ -16,6 +16,8 @@ std::string_view rpc_method_name(RpcMethod method) {
     case RpcMethod::kRegisterSharedMemory: return "RegisterSharedMemory";
     case RpcMethod::kUnregisterSharedMemory: return "UnregisterSharedMemory";
     case RpcMethod::kGetSharedMemoryStatus: return "GetSharedMemoryStatus";
+    case RpcMethod::kExportSequence: return "ExportSequence";
+    case RpcMethod::kImportSequence: return "ImportSequence";
   }
   return "Unknown";
 }

@@ -28,8 +28,10 @@ enum class RpcMethod : uint8_t {
   kRegisterSharedMemory,
   kUnregisterSharedMemory,
   kGetSharedMemoryStatus,
+  kExportSequence,
+  kImportSequence,
 };
-inline constexpr std::size_t kNumRpcMethods = 12;
+inline constexpr std::size_t kNumRpcMethods = 14;
 
 // Stages of one Decode call's path; a stage that costs nothing is not observed.
 enum class DecodeStage : uint8_t {

@@ -37,7 +37,9 @@ using DecodeAttentionBase = v1::DecodeAttention::WithCallbackMethod_GetConfig<
                         v1::DecodeAttention::WithCallbackMethod_RegisterSharedMemory<
                             v1::DecodeAttention::WithCallbackMethod_UnregisterSharedMemory<
                                 v1::DecodeAttention::WithCallbackMethod_GetSharedMemoryStatus<
-                                    v1::DecodeAttention::Service>>>>>>>>>>>>;
+                                    v1::DecodeAttention::WithCallbackMethod_ExportSequence<
+                                        v1::DecodeAttention::WithCallbackMethod_ImportSequence<
+                                            v1::DecodeAttention::Service>>>>>>>>>>>>>>;
 
 class DecodeAttentionService final : public DecodeAttentionBase {
  public:
@@ -73,6 +75,11 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   grpc::ServerUnaryReactor* GetSharedMemoryStatus(grpc::CallbackServerContext* ctx,
                                                   const v1::GetSharedMemoryStatusRequest* request,
                                                   v1::GetSharedMemoryStatusResponse* response) override;
+  // sequence_transfer.cc: the export format's two ends (docs/design.md §13).
+  grpc::ServerWriteReactor<v1::SequenceChunk>* ExportSequence(grpc::CallbackServerContext* ctx,
+                                                              const v1::ExportSequenceRequest* request) override;
+  grpc::ServerReadReactor<v1::SequenceChunk>* ImportSequence(grpc::CallbackServerContext* ctx,
+                                                             v1::ImportSequenceResponse* response) override;
 
   // Drain: new calls get UNAVAILABLE; open streams answer what they have read,
   // then finish with UNAVAILABLE.
@@ -89,6 +96,13 @@ class DecodeAttentionService final : public DecodeAttentionBase {
 
   const ServiceSettings& settings() const { return settings_; }
   CacheManager& cache() { return cache_; }
+  Backend& backend() { return backend_; }
+  CacheGauges& cache_gauges() { return cache_gauges_; }
+  // A stream for an export's reads or an import's writes: an idle one, or a
+  // new one (CUDA: RESOURCE_EXHAUSTED when the device has no room). Give it
+  // back when done so the next call reuses it.
+  StatusOr<std::unique_ptr<BackendStream>> take_transfer_stream();
+  void give_back_transfer_stream(std::unique_ptr<BackendStream> stream);
   Engine& engine() { return engine_; }
   const Authenticator& auth() const { return auth_; }
   // Where a call of `tenant`'s tensors may lie (its shared-memory regions).
@@ -128,6 +142,8 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   std::atomic<int64_t> refused_while_draining_{0};
   std::mutex streams_mu_;
   std::unordered_set<DecodeStreamCall*> streams_;
+  std::mutex transfer_mu_;
+  std::vector<std::unique_ptr<BackendStream>> transfer_streams_;  // idle, under transfer_mu_
 };
 
 // The status every call gets while the server drains.

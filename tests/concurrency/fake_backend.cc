@@ -22,6 +22,25 @@ class FakeStream final : public BackendStream {
     return Status::Ok();
   }
 
+  // The marker travels as the first element of each row (fp32 cache assumed).
+  Status read_kv(int32_t layer, std::span<const int64_t> slots, void* k, void* v) override {
+    const size_t row = static_cast<size_t>(b_.geometry().num_kv_heads) * b_.geometry().head_dim;
+    for (size_t t = 0; t < slots.size(); ++t) {
+      const auto marker = static_cast<float>(b_.markers()[static_cast<size_t>(layer)][static_cast<size_t>(slots[t])]);
+      static_cast<float*>(k)[t * row] = marker;
+      static_cast<float*>(v)[t * row] = marker;
+    }
+    return Status::Ok();
+  }
+
+  Status write_kv_raw(int32_t layer, std::span<const int64_t> slots, const void* k, const void*) override {
+    const size_t row = static_cast<size_t>(b_.geometry().num_kv_heads) * b_.geometry().head_dim;
+    for (size_t t = 0; t < slots.size(); ++t) {
+      b_.markers()[static_cast<size_t>(layer)][static_cast<size_t>(slots[t])] = static_cast<const float*>(k)[t * row];
+    }
+    return Status::Ok();
+  }
+
   Status copy_block(int32_t src, int32_t dst) override {
     const int32_t bs = b_.geometry().block_size;
     for (auto& layer : b_.markers()) {

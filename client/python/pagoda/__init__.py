@@ -134,7 +134,8 @@ class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", 
     pass
 
 
-class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor,
+                   grpc.UnaryStreamClientInterceptor, grpc.StreamUnaryClientInterceptor):
     """Adds `authorization: Bearer TOKEN` to every call (plaintext or TLS alike)."""
 
     def __init__(self, token: str):
@@ -148,6 +149,12 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInte
         return continuation(self._details(details), request)
 
     def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
         return continuation(self._details(details), request_iterator)
 
 
@@ -407,6 +414,81 @@ class PagodaClient:
     def get_sequence(self, sequence_id: int):
         return _call("GetSequence", self.stub.GetSequence,
                      self.pb.GetSequenceRequest(sequence_id=sequence_id), timeout=self.timeout)
+
+    def export_sequence(self, sequence_id: int, from_lengths: Sequence[int] = ()) -> Iterator:
+        """ExportSequence: the SequenceChunk messages of one sequence (a header, then each
+        layer's K/V bytes in token order); from_lengths: only tokens at or past these."""
+        chunks = self.stub.ExportSequence(
+            self.pb.ExportSequenceRequest(sequence_id=sequence_id, from_lengths=list(from_lengths)))
+        try:
+            yield from chunks
+        except grpc.RpcError as e:
+            raise PagodaError(e.code(), e.details() or "(no message)", "ExportSequence") from None
+
+    def import_sequence(self, chunks: Iterable, into_sequence_id: int = 0):
+        """ImportSequence of an export's chunks (all or nothing); into_sequence_id: append
+        this later stage to that sequence. Returns (sequence_id, layer_lengths)."""
+        source_error = []
+
+        def with_target():
+            try:
+                for c in chunks:
+                    if c.HasField("header") and into_sequence_id:
+                        copy_ = self.pb.SequenceChunk()
+                        copy_.CopyFrom(c)
+                        copy_.header.into_sequence_id = into_sequence_id
+                        c = copy_
+                    yield c
+            except PagodaError as e:  # the export failed: the import ends early and is refused
+                source_error.append(e)
+        try:
+            resp = _call("ImportSequence", self.stub.ImportSequence, with_target())
+        except PagodaError:
+            if source_error:
+                raise source_error[0] from None
+            raise
+        if source_error:
+            raise source_error[0]
+        return resp.sequence_id, list(resp.layer_lengths)
+
+    def migrate(self, sequence_id: int, target: "PagodaClient", hold=None, max_catch_up_stages: int = 3,
+                last_stage_tokens: int = 256, free_source: bool = True) -> int:
+        """Moves a sequence to `target` and returns its id there (docs/design.md §13): a bulk stage
+        while it keeps serving, catch-up stages of what was appended meanwhile, then
+        `hold()` (return once nothing appends to it any more) and a last stage; the source
+        is freed after it. Raises PagodaError, leaving the source as it was, on failure.
+        `target` is a PagodaClient, or an address (connected with this client's timeout and
+        $PAGODA_TOKEN)."""
+        if isinstance(target, str):
+            with PagodaClient(target, timeout=self.timeout) as other:
+                return self.migrate(sequence_id, other, hold, max_catch_up_stages, last_stage_tokens, free_source)
+        new_id, at = target.import_sequence(self.export_sequence(sequence_id))
+
+        def stage():
+            return target.import_sequence(self.export_sequence(sequence_id, at), into_sequence_id=new_id)[1]
+        try:
+            for _ in range(max_catch_up_stages):
+                now = list(self.get_sequence(sequence_id).layer_lengths)
+                if sum(n - a for n, a in zip(now, at)) <= last_stage_tokens:
+                    break
+                at = stage()
+            if hold is not None:
+                hold()
+            at = stage()
+            if free_source:
+                now = list(self.get_sequence(sequence_id).layer_lengths)
+                if now != at:
+                    raise PagodaError(grpc.StatusCode.FAILED_PRECONDITION,
+                                      f"sequence {sequence_id}: expected no appends after the last stage (hold), "
+                                      f"its lengths went from {at} to {now}; the source is kept", "migrate")
+                self.free_sequence(sequence_id)
+        except Exception:
+            try:
+                target.free_sequence(new_id)
+            except PagodaError:
+                pass
+            raise
+        return new_id
 
     def health(self, service: str = "") -> str:
         """grpc.health.v1 Check: 'SERVING', 'NOT_SERVING', ... (messages encoded by hand:

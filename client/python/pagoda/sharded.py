@@ -85,6 +85,10 @@ class ShardedClient:
         self.ring = HashRing(self.endpoints, vnodes)
         self._clients: Dict[str, PagodaClient] = {e: PagodaClient(e, **client_kwargs) for e in self.endpoints}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self.endpoints)))
+        self._client_kwargs = client_kwargs
+        self._vnodes = vnodes
+        # Every sequence this client placed, with its placement key (rebalance moves them).
+        self.placed: Dict[SequenceRef, str] = {}
 
     def close(self):
         self._pool.shutdown(wait=True)
@@ -115,13 +119,50 @@ class ShardedClient:
     def create_sequence(self, label: str = "", placement_key: Optional[str] = None) -> SequenceRef:
         key = placement_key or label or os.urandom(8).hex()
         endpoint = self.ring.owners(key)[0]
-        return SequenceRef(endpoint, self._on(endpoint, PagodaClient.create_sequence, label))
+        ref = SequenceRef(endpoint, self._on(endpoint, PagodaClient.create_sequence, label))
+        self.placed[ref] = key
+        return ref
 
     def append_kv(self, ref: SequenceRef, layer: int, k, v, **kwargs) -> int:
         return self._on(ref.endpoint, PagodaClient.append_kv, ref.sequence_id, layer, k, v, **kwargs)
 
     def free_sequence(self, ref: SequenceRef) -> None:
         self._on(ref.endpoint, PagodaClient.free_sequence, ref.sequence_id)
+        self.placed.pop(ref, None)
+
+    def rebalance(self, endpoints: Sequence[str], hold=None) -> Dict[SequenceRef, SequenceRef]:
+        """After a scale event: the ring over `endpoints`, and every placed sequence whose owner
+        changed migrated to its new owner (PagodaClient.migrate: bulk and catch-up stages while
+        it keeps serving, then hold(ref) if given, the last stage, the source freed). Sequences
+        whose owner stayed are not touched. Returns {old ref: new ref} of the moved ones; pods
+        no longer listed are closed once emptied of this client's sequences."""
+        if not endpoints:
+            raise ValueError("endpoints: expected at least one, received none")
+        ring = HashRing(list(endpoints), self._vnodes)
+        for e in endpoints:
+            if e not in self._clients:
+                self._clients[e] = PagodaClient(e, **self._client_kwargs)
+        moved: Dict[SequenceRef, SequenceRef] = {}
+        for ref, key in list(self.placed.items()):
+            owner = ring.owners(key)[0]
+            if owner == ref.endpoint:
+                continue
+            wait = (lambda r=ref: hold(r)) if hold is not None else None
+            try:
+                new_id = self._clients[ref.endpoint].migrate(ref.sequence_id, self._clients[owner], hold=wait)
+            except PagodaError as e:
+                raise PagodaError(e.code, f"{ref.endpoint} -> {owner}: {e.message}", e.method) from None
+            new_ref = SequenceRef(owner, new_id)
+            del self.placed[ref]
+            self.placed[new_ref] = key
+            moved[ref] = new_ref
+        for e in [e for e in self._clients if e not in endpoints]:
+            self._clients.pop(e).close()
+        self.endpoints = list(endpoints)
+        self.ring = ring
+        self._pool.shutdown(wait=True)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self.endpoints)))
+        return moved
 
     def decode(self, layer: int, refs: Sequence[SequenceRef], q, k=None, v=None, return_lse: bool = False,
                **kwargs):

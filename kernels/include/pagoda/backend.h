@@ -87,6 +87,14 @@ class BackendStream {
   // Writes each KvWrite's rows into its slots (dtype converted). The slots of
   // concurrent calls on different streams must not overlap.
   virtual Status write_kv(std::span<const KvWrite> writes) = 0;
+  // The rows of `slots` in `layer` exactly as stored (cache dtype bytes: no
+  // scale, no conversion) into k and v, each [slots, num_kv_heads, head_dim]
+  // (an export: the bits leave as they are).
+  virtual Status read_kv(int32_t layer, std::span<const int64_t> slots, void* k, void* v) = 0;
+  // The reverse of read_kv: stored bytes into the slots, copied unchanged (an
+  // import keeps the exporter's bits). The slots must not overlap another
+  // stream's concurrent writes.
+  virtual Status write_kv_raw(int32_t layer, std::span<const int64_t> slots, const void* k, const void* v) = 0;
   // Copies block `src` into block `dst` in every layer (copy-on-write).
   virtual Status copy_block(int32_t src, int32_t dst) = 0;
   // Fills every element of the given blocks with NaN (tests: any read past a

@@ -82,6 +82,16 @@ Status Unavailable(fmt::format_string<Args...> f, Args&&... args) {
 }
 
 template <typename... Args>
+Status FailedPrecondition(fmt::format_string<Args...> f, Args&&... args) {
+  return {StatusCode::kFailedPrecondition, fmt::format(f, std::forward<Args>(args)...)};
+}
+
+template <typename... Args>
+Status DataLoss(fmt::format_string<Args...> f, Args&&... args) {
+  return {StatusCode::kDataLoss, fmt::format(f, std::forward<Args>(args)...)};
+}
+
+template <typename... Args>
 Status Unauthenticated(fmt::format_string<Args...> f, Args&&... args) {
   return {StatusCode::kUnauthenticated, fmt::format(f, std::forward<Args>(args)...)};
 }

@@ -87,6 +87,14 @@ class Client {
   // returns the layers' lengths after the cut.
   Result<std::vector<int32_t>> truncate_sequence(uint64_t sequence_id, int32_t length);
   Result<SequenceInfo> get_sequence(uint64_t sequence_id);
+  // Moves a sequence to `target` (docs/design.md §13) and returns its id there: a
+  // bulk stage while the sequence keeps serving, catch-up stages of the
+  // tokens appended meanwhile, then options.hold (the caller stops appending
+  // to the sequence) and a last stage of what is left; the source is freed
+  // after it. Downtime is the last stage alone, however long the sequence.
+  // FAILED_PRECONDITION (and the source kept) when the source still grew
+  // during the last stage.
+  Result<MigrateResult> migrate(uint64_t sequence_id, Client& target, const MigrateOptions& options = {});
   // grpc.health.v1.Health/Check for `service` ("" = the whole server).
   Result<ServingStatus> health(const std::string& service = {});
 

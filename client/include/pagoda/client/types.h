@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -107,6 +108,27 @@ struct SequenceInfo {
   std::vector<int32_t> layer_lengths;  // [num_layers]
   int32_t blocks_held = 0;
   std::string label;
+};
+
+// How Client::migrate stages a move.
+struct MigrateOptions {
+  // Catch-up stages after the bulk one, at most; each sends the tokens
+  // appended during the one before.
+  int32_t max_catch_up_stages = 3;
+  // Stop catching up once the tokens left (all layers) are at most this.
+  int64_t last_stage_tokens = 256;
+  // Called before the last stage; returns once the caller appends no more to
+  // the sequence. Empty: the caller is not appending.
+  std::function<void()> hold;
+  bool free_source = true;
+};
+
+struct MigrateResult {
+  uint64_t sequence_id = 0;             // the sequence's id on the target
+  std::vector<int32_t> layer_lengths;   // [num_layers] there
+  int32_t stages = 0;                   // bulk + catch-up + last
+  int64_t bytes = 0;                    // K/V bytes moved
+  double last_stage_seconds = 0;        // from hold to the source freed: the downtime
 };
 
 // grpc.health.v1 serving status (numbers as the health proto's enum).

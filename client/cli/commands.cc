@@ -244,6 +244,41 @@ void add_rpc_commands(CLI::App& app, CliContext& ctx) {
     ctx.exit_code = done.ok() ? 0 : report_error(done.error());
   });
 
+  // Shared-memory regions (a server with --allow-shared-memory).
+  struct ShmArgs {
+    std::string name, key;
+    int64_t offset = 0, bytes = 0;
+  };
+  auto shm = std::make_shared<ShmArgs>();
+  auto* shm_cmd = app.add_subcommand("shm", "Shared-memory regions of this caller: status, register, unregister");
+  shm_cmd->require_subcommand(1);
+  auto* shm_status = shm_cmd->add_subcommand("status", "List the caller's regions (name, key, offset, bytes)");
+  shm_status->add_option("--name", shm->name, "One region (default: all)");
+  shm_status->callback([&ctx, shm] {
+    auto regions = ctx.connect()->shared_memory_status(shm->name);
+    if (!regions.ok()) {
+      ctx.exit_code = report_error(regions.error());
+      return;
+    }
+    for (const auto& r : *regions) fmt::print("{} {} offset {} bytes {}\n", r.name, r.key, r.offset, r.byte_size);
+    ctx.exit_code = 0;
+  });
+  auto* shm_register = shm_cmd->add_subcommand("register", "Register a range of a POSIX shared-memory object");
+  shm_register->add_option("--name", shm->name, "Name the calls will use")->required();
+  shm_register->add_option("--key", shm->key, "The object, e.g. /orchestrator-0")->required();
+  shm_register->add_option("--offset", shm->offset, "Where the region starts in the object, bytes");
+  shm_register->add_option("--bytes", shm->bytes, "The region's size, bytes")->required();
+  shm_register->callback([&ctx, shm] {
+    auto done = ctx.connect()->register_shared_memory(shm->name, shm->key, shm->offset, shm->bytes);
+    ctx.exit_code = done.ok() ? 0 : report_error(done.error());
+  });
+  auto* shm_unregister = shm_cmd->add_subcommand("unregister", "Unregister one region, or all of the caller's");
+  shm_unregister->add_option("--name", shm->name, "One region (default: all)");
+  shm_unregister->callback([&ctx, shm] {
+    auto done = ctx.connect()->unregister_shared_memory(shm->name);
+    ctx.exit_code = done.ok() ? 0 : report_error(done.error());
+  });
+
   auto truncate = std::make_shared<std::pair<uint64_t, int32_t>>(0, 0);
   auto* trunc = app.add_subcommand("truncate", "Cut every layer of a sequence to a length (rejected drafts)");
   trunc->add_option("--seq", truncate->first, "Sequence id")->required();

@@ -231,6 +231,45 @@ Outcome Client::free_sequence(uint64_t sequence_id) {
   return Done{};
 }
 
+Outcome Client::register_shared_memory(const std::string& name, const std::string& key, int64_t offset,
+                                       int64_t byte_size) {
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::RegisterSharedMemoryRequest req;
+  req.set_name(name);
+  req.set_key(key);
+  req.set_offset(offset);
+  req.set_byte_size(byte_size);
+  v1::RegisterSharedMemoryResponse resp;
+  const grpc::Status st = impl_->stub->RegisterSharedMemory(&ctx, req, &resp);
+  if (!st.ok()) return error_from_grpc(st, "RegisterSharedMemory");
+  return Done{};
+}
+
+Outcome Client::unregister_shared_memory(const std::string& name) {
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::UnregisterSharedMemoryRequest req;
+  req.set_name(name);
+  v1::UnregisterSharedMemoryResponse resp;
+  const grpc::Status st = impl_->stub->UnregisterSharedMemory(&ctx, req, &resp);
+  if (!st.ok()) return error_from_grpc(st, "UnregisterSharedMemory");
+  return Done{};
+}
+
+Result<std::vector<SharedMemoryStatus>> Client::shared_memory_status(const std::string& name) {
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx);
+  v1::GetSharedMemoryStatusRequest req;
+  req.set_name(name);
+  v1::GetSharedMemoryStatusResponse resp;
+  const grpc::Status st = impl_->stub->GetSharedMemoryStatus(&ctx, req, &resp);
+  if (!st.ok()) return error_from_grpc(st, "GetSharedMemoryStatus");
+  std::vector<SharedMemoryStatus> out;
+  for (const auto& r : resp.regions()) out.push_back({r.name(), r.key(), r.offset(), r.byte_size()});
+  return out;
+}
+
 Result<std::vector<int32_t>> Client::truncate_sequence(uint64_t sequence_id, int32_t length) {
   grpc::ClientContext ctx;
   impl_->prepare(ctx);

@@ -57,6 +57,24 @@ void fill_tensor(v1::Tensor& t, std::span<const float> values, DType dtype,
   t.set_data(encode_values(values, dtype));
 }
 
+namespace {
+
+void set_ref(v1::SharedMemoryRef& m, const ShmRef& r) {
+  m.set_region(r.region);
+  m.set_offset(r.offset);
+  m.set_byte_size(r.byte_size);
+}
+
+// A tensor whose bytes lie in a registered region.
+void shm_tensor(v1::Tensor& t, const ShmRef& ref, DType dtype, std::initializer_list<int64_t> shape) {
+  t.set_dtype(static_cast<v1::DType>(wire_dtype(dtype)));
+  t.clear_shape();
+  for (int64_t d : shape) t.add_shape(d);
+  set_ref(*t.mutable_shm(), ref);
+}
+
+}  // namespace
+
 Result<v1::DecodeRequest> decode_request(const DecodeArgs& args, const ServerConfig& config) {
   const auto batch = static_cast<int64_t>(args.sequence_ids.size());
   if (batch == 0) return invalid_argument("sequence_ids: expected at least 1 id, received 0");
@@ -79,9 +97,12 @@ Result<v1::DecodeRequest> decode_request(const DecodeArgs& args, const ServerCon
                                         config.num_q_heads, args.sinks.size()));
   }
   const int64_t rows = args.rows();
-  if (static_cast<int64_t>(args.q.size()) != rows * config.q_row()) {
+  if (!args.q_shm && static_cast<int64_t>(args.q.size()) != rows * config.q_row()) {
     return size_mismatch("q", rows * config.q_row(), args.q.size(),
                          fmt::format("[{}, {}, {}]", rows, config.num_q_heads, config.head_dim));
+  }
+  if (args.k_shm.has_value() != args.v_shm.has_value()) {
+    return invalid_argument("k_shm, v_shm: expected both or neither");
   }
   if (args.k.empty() != args.v.empty()) {
     return invalid_argument(fmt::format("k, v: expected both or neither, received k with {} values "
@@ -97,11 +118,22 @@ Result<v1::DecodeRequest> decode_request(const DecodeArgs& args, const ServerCon
   v1::DecodeRequest req;
   req.set_layer(args.layer);
   req.mutable_sequence_ids()->Add(args.sequence_ids.begin(), args.sequence_ids.end());
-  fill_tensor(*req.mutable_q(), args.q, args.q_dtype, {rows, config.num_q_heads, config.head_dim});
-  if (!args.k.empty()) {
-    fill_tensor(*req.mutable_k(), args.k, args.kv_dtype, {rows, config.num_kv_heads, config.head_dim});
-    fill_tensor(*req.mutable_v(), args.v, args.kv_dtype, {rows, config.num_kv_heads, config.head_dim});
+  const std::initializer_list<int64_t> q_shape = {rows, config.num_q_heads, config.head_dim};
+  const std::initializer_list<int64_t> kv_shape_dims = {rows, config.num_kv_heads, config.head_dim};
+  if (args.q_shm) {
+    shm_tensor(*req.mutable_q(), *args.q_shm, args.q_dtype, q_shape);
+  } else {
+    fill_tensor(*req.mutable_q(), args.q, args.q_dtype, q_shape);
   }
+  if (args.k_shm) {
+    shm_tensor(*req.mutable_k(), *args.k_shm, args.kv_dtype, kv_shape_dims);
+    shm_tensor(*req.mutable_v(), *args.v_shm, args.kv_dtype, kv_shape_dims);
+  } else if (!args.k.empty()) {
+    fill_tensor(*req.mutable_k(), args.k, args.kv_dtype, kv_shape_dims);
+    fill_tensor(*req.mutable_v(), args.v, args.kv_dtype, kv_shape_dims);
+  }
+  if (args.output_shm) set_ref(*req.mutable_output_shm(), *args.output_shm);
+  if (args.lse_shm) set_ref(*req.mutable_lse_shm(), *args.lse_shm);
   req.set_scale(args.scale);
   req.set_return_lse(args.return_lse);
   req.set_request_id(args.request_id);
@@ -125,9 +157,11 @@ Result<DecodeResult> decode_result(const v1::DecodeResponse& m, const ServerConf
   const auto out_dtype = dtype_from_wire(m.output().dtype(), "output");
   if (!out_dtype.ok()) return out_dtype.error();
   const int64_t out_count = rows * config.q_row();
-  auto output = decode_values(m.output().data(), *out_dtype, out_count, "output");
-  if (!output.ok()) return output.error();
-  r.output = std::move(*output);
+  if (!m.output().has_shm()) {  // else the server wrote it into the caller's region
+    auto output = decode_values(m.output().data(), *out_dtype, out_count, "output");
+    if (!output.ok()) return output.error();
+    r.output = std::move(*output);
+  }
   if (m.has_lse() && !m.lse().data().empty()) {
     auto lse = decode_values(m.lse().data(), DType::kFloat32,
                              rows * config.num_q_heads, "lse");

@@ -105,8 +105,7 @@ StatusOr<SequenceId> CacheManager::import_rows(BackendStream& stream, const Impo
   size_t next = 0;
   for (size_t l = 0; l < layers; ++l) {
     const auto layer = static_cast<int32_t>(l);
-    Status status = begin(layer, true, reservations[l]);
-    if (!status.ok()) return fail(status);
+    begin(layer, true, reservations[l]);
     ReserveRequest reserve_request;
     reserve_request.tenant = request.tenant;
     reserve_request.ids = ids;

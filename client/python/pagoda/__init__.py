@@ -248,6 +248,7 @@ class PagodaClient:
         self.stub = pbg.DecodeAttentionStub(self.channel)
         self._config = None
         self._ids = itertools.count(1)
+        self._regions = {}  # registered name -> (SharedMemoryRegion, offset in it)
 
     def close(self):
         self.channel.close()
@@ -284,11 +285,13 @@ class PagodaClient:
         """Appends k, v [n, kv_heads, head_dim] (numpy or torch) to one layer; returns its
         new length. The wire dtype follows k unless `dtype` says. With expected_length the
         layer must hold exactly that many tokens first (FAILED_PRECONDITION otherwise,
-        nothing appended): a retry is then safe."""
-        dtype = _tensors.follow_dtype(k, dtype)
-        cfg = self.config()
-        k = _tensors.shaped(k, (-1, cfg.num_kv_heads, cfg.head_dim))
-        v = _tensors.shaped(v, (-1, cfg.num_kv_heads, cfg.head_dim))
+        nothing appended): a retry is then safe. k, v may be ShmTensors of a registered
+        region (read where they lie)."""
+        if not isinstance(k, ShmTensor):
+            dtype = _tensors.follow_dtype(k, dtype)
+            cfg = self.config()
+            k = _tensors.shaped(k, (-1, cfg.num_kv_heads, cfg.head_dim))
+            v = _tensors.shaped(v, (-1, cfg.num_kv_heads, cfg.head_dim))
         req = self.pb.AppendKVRequest(sequence_id=sequence_id, layer=layer,
                                       k=self._tensor(k, dtype), v=self._tensor(v, dtype))
         if expected_length is not None:
@@ -300,16 +303,20 @@ class PagodaClient:
                return_lse: bool = False, dtype=None, request_id: int = 0,
                q_lengths: Optional[Sequence[int]] = None, sliding_window: int = 0,
                logits_soft_cap: float = 0.0, sinks: Optional[np.ndarray] = None,
-               expected_lengths: Optional[Sequence[int]] = None) -> DecodeResult:
+               expected_lengths: Optional[Sequence[int]] = None, out: Optional["ShmTensor"] = None,
+               lse_out: Optional["ShmTensor"] = None) -> DecodeResult:
         """One decode step: q [rows, q_heads, head_dim]; k, v [rows, kv_heads, head_dim]
         (optional) are appended to `layer` before attending. rows = sum(q_lengths), or
         one per sequence. The variants (docs/design.md §9): q_lengths (query rows per sequence,
         its last tokens), sliding_window, logits_soft_cap, sinks [q_heads] (natural
         log), expected_lengths (lengths before the append: a safe retry).
         q, k, v are numpy arrays or torch CPU tensors (fp32, fp16, bf16); the wire dtype
-        follows q unless `dtype` says; a torch q gets a torch output (and LSE) back."""
+        follows q unless `dtype` says; a torch q gets a torch output (and LSE) back.
+        Shared memory (a server with --allow-shared-memory): q, k, v may be ShmTensors of a
+        registered region, and out / lse_out name where the results go; the result's
+        output and lse are then views of those ranges (no copy)."""
         req = self._decode_request(layer, sequence_ids, q, k, v, scale, return_lse, dtype, request_id,
-                                   q_lengths, sliding_window, logits_soft_cap, sinks, expected_lengths)
+                                   q_lengths, sliding_window, logits_soft_cap, sinks, expected_lengths, out, lse_out)
         resp = _call("Decode", self.stub.Decode, req, timeout=self.timeout)
         return self._result(resp, _rows(sequence_ids, q_lengths), like=q)
 
@@ -502,11 +509,83 @@ class PagodaClient:
 
     # --- helpers ------------------------------------------------------------
     def _tensor(self, values, dtype):
+        if isinstance(values, ShmTensor):  # the bytes stay where they lie, in its dtype
+            return self.pb.Tensor(dtype=values.dtype, shape=list(values.shape), shm=self._shm_ref(values))
         return self.pb.Tensor(dtype=wire_dtype(dtype), shape=list(values.shape), data=encode(values, dtype))
+
+    def _shm_ref(self, t: "ShmTensor"):
+        return self.pb.SharedMemoryRef(region=t.region, offset=t.offset, byte_size=t.byte_size)
+
+    # --- shared memory (docs/design.md §15) ------------------------------------
+    def register_shared_memory(self, name: str, region: "SharedMemoryRegion", offset: int = 0,
+                               byte_size: Optional[int] = None) -> None:
+        """Registers `region` (or its [offset, offset + byte_size)) under `name`:
+        its tensor() ranges may then stand in for arrays in decode/append_kv/LayerStreams."""
+        size = region.byte_size - offset if byte_size is None else byte_size
+        _call("RegisterSharedMemory", self.stub.RegisterSharedMemory,
+              self.pb.RegisterSharedMemoryRequest(name=name, key=region.key, offset=offset, byte_size=size),
+              timeout=self.timeout)
+        region.name = name
+        region.base = offset
+        self._regions[name] = (region, offset)
+
+    def unregister_shared_memory(self, name: str = "") -> None:
+        """Unregisters `name`, or every region of the caller's when empty."""
+        _call("UnregisterSharedMemory", self.stub.UnregisterSharedMemory,
+              self.pb.UnregisterSharedMemoryRequest(name=name), timeout=self.timeout)
+        if name:
+            self._regions.pop(name, None)
+        else:
+            self._regions.clear()
+
+    def shared_memory_status(self, name: str = "") -> list:
+        """The caller's regions as dicts (name, key, offset, byte_size)."""
+        r = _call("GetSharedMemoryStatus", self.stub.GetSharedMemoryStatus,
+                  self.pb.GetSharedMemoryStatusRequest(name=name), timeout=self.timeout)
+        return [{"name": x.name, "key": x.key, "offset": x.offset, "byte_size": x.byte_size} for x in r.regions]
+
+    def _shm_view(self, t):
+        """A result the server wrote into a region this client registered: its view (no copy)."""
+        region, base = self._regions[t.shm.region]
+        return region.view(base + t.shm.offset, list(t.shape), t.dtype)
 
     def _decode_request(self, layer, sequence_ids, q, k=None, v=None, scale=0.0, return_lse=False,
                         dtype=None, request_id=0, q_lengths=None, sliding_window=0, logits_soft_cap=0.0,
-                        sinks=None, expected_lengths=None):
+                        sinks=None, expected_lengths=None, out=None, lse_out=None):
+        cfg = self.config()
+        if isinstance(q, ShmTensor):
+            req = self._shm_decode_request(layer, sequence_ids, q, k, v, scale, return_lse, request_id, q_lengths,
+                                           sliding_window, logits_soft_cap, sinks, expected_lengths)
+        else:
+            req = self._array_decode_request(layer, sequence_ids, q, k, v, scale, return_lse, dtype, request_id,
+                                             q_lengths, sliding_window, logits_soft_cap, sinks, expected_lengths)
+        if out is not None:
+            req.output_shm.CopyFrom(self._shm_ref(out))
+        if lse_out is not None:
+            req.lse_shm.CopyFrom(self._shm_ref(lse_out))
+        return req
+
+    def _shm_decode_request(self, layer, sequence_ids, q, k, v, scale, return_lse, request_id, q_lengths,
+                            sliding_window, logits_soft_cap, sinks, expected_lengths):
+        """q, k, v in shared memory, already in their wire dtype and shape."""
+        cfg = self.config()
+        req = self.pb.DecodeRequest(layer=layer, sequence_ids=list(sequence_ids), q=self._tensor(q, None),
+                                    scale=scale, return_lse=return_lse, request_id=request_id,
+                                    q_lengths=list(q_lengths or []), sliding_window=sliding_window,
+                                    logits_soft_cap=logits_soft_cap,
+                                    expected_lengths=list(expected_lengths or []))
+        if sinks is not None:
+            req.sinks.CopyFrom(self._tensor(_tensors.shaped(sinks, (cfg.num_q_heads,)), "fp32"))
+        if (k is None) != (v is None):
+            raise ValueError("k, v: expected both or neither")
+        if k is not None:
+            req.k.CopyFrom(self._tensor(k, None))
+            req.v.CopyFrom(self._tensor(v, None))
+        return req
+
+    def _array_decode_request(self, layer, sequence_ids, q, k=None, v=None, scale=0.0, return_lse=False,
+                              dtype=None, request_id=0, q_lengths=None, sliding_window=0, logits_soft_cap=0.0,
+                              sinks=None, expected_lengths=None):
         cfg = self.config()
         if q_lengths is not None and len(q_lengths) != len(sequence_ids):
             raise ValueError(f"q_lengths: expected {len(sequence_ids)} entries (one per sequence), "
@@ -531,10 +610,21 @@ class PagodaClient:
 
     def _result(self, resp, rows: int, like=None) -> DecodeResult:
         cfg = self.config()
-        out = decode_tensor(resp.output.data, resp.output.dtype, (rows, cfg.num_q_heads, cfg.head_dim), "output")
         lse = None
+        if resp.output.HasField("shm"):  # written into our region: views, no copy
+            out = self._shm_view(resp.output)
+            if resp.HasField("lse"):
+                lse = self._shm_view(resp.lse) if resp.lse.HasField("shm") else decode_tensor(
+                    resp.lse.data, FLOAT32, (rows, cfg.num_q_heads), "lse")
+            return DecodeResult(resp.request_id, out, lse, list(resp.lengths), list(resp.splits),
+                                resp.split_tokens, resp.deterministic,
+                                {"queue_us": resp.timing.queue_us, "compute_us": resp.timing.compute_us,
+                                 "total_us": resp.timing.total_us})
+        out = decode_tensor(resp.output.data, resp.output.dtype, (rows, cfg.num_q_heads, cfg.head_dim), "output")
         if resp.HasField("lse") and resp.lse.data:
             lse = decode_tensor(resp.lse.data, FLOAT32, (rows, cfg.num_q_heads), "lse")
+        elif resp.HasField("lse") and resp.lse.HasField("shm"):
+            lse = self._shm_view(resp.lse)
         if isinstance(like, np.ndarray) and like.dtype == np.float16:
             out = out.astype(np.float16)  # numpy in fp16, out fp16 (the wire carried fp16)
         if _tensors.is_torch(like):
@@ -623,3 +713,5 @@ def _read_varint(data: bytes, pos: int):
 # imported last: they build on the client above.
 from pagoda.sharded import HashRing, SequenceRef, ShardedClient, ShardedSequence, endpoints_from_dns  # noqa: E402,F401
 from pagoda.layer_streams import LayerStreams  # noqa: E402,F401
+from pagoda.shared_memory import SharedMemoryRegion, ShmTensor  # noqa: E402,F401
+from pagoda.micro_batches import pipelined_layers  # noqa: E402,F401

@@ -83,6 +83,13 @@ class Client {
   // `count` forks in one call, all or none (parallel sampling, beam search).
   Result<std::vector<uint64_t>> fork_sequences(uint64_t source_id, int32_t count);
   Outcome free_sequence(uint64_t sequence_id);
+  // Shared memory (docs/design.md §15): registers [offset, offset + byte_size)
+  // of the object `key` under `name` (the server maps it; byte_size > 0);
+  // unregisters one name or, empty, all of the caller's; lists them.
+  Outcome register_shared_memory(const std::string& name, const std::string& key, int64_t offset,
+                                 int64_t byte_size);
+  Outcome unregister_shared_memory(const std::string& name = "");
+  Result<std::vector<SharedMemoryStatus>> shared_memory_status(const std::string& name = "");
   // Cuts every layer longer than `length` to it (rejected draft tokens);
   // returns the layers' lengths after the cut.
   Result<std::vector<int32_t>> truncate_sequence(uint64_t sequence_id, int32_t length);

@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <functional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "pagoda/client/shared_memory.h"
 #include "pagoda/dtype.h"
 
 namespace pagoda::client {
@@ -69,6 +71,11 @@ struct DecodeArgs {
   float logits_soft_cap = 0.f;              // 0: none; c: c * tanh(score / c)
   std::vector<float> sinks{};               // [num_q_heads] natural-log sink logits; empty: none
   std::vector<int32_t> expected_lengths{};  // [batch] lengths before the append; empty: unchecked
+  // Shared memory (docs/design.md §15; a server with --allow-shared-memory):
+  // q / k / v lying in a registered region in q_dtype / kv_dtype, set instead
+  // of the spans above; output_shm / lse_shm say where the server writes the
+  // results (the result's output / lse then stay empty: read the region).
+  std::optional<ShmRef> q_shm{}, k_shm{}, v_shm{}, output_shm{}, lse_shm{};
 
   // Query rows of the request: sum(q_lengths), or one per sequence.
   int64_t rows() const;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "rpc/cache_range.h"
 #include "rpc/decode_response.h"
 #include "rpc/grpc_status.h"
 #include "rpc/request_decoding.h"
@@ -92,6 +93,7 @@ class AppendCall final : public EngineCall<AppendWork> {
     Status status = decode_request(request, service.settings().geometry, work_);
     work_.tenant = tenant;
     if (status.ok()) status = check_request_tokens("k", work_.num_tokens, service.settings());
+    if (status.ok()) status = service.check_kv_range(work_.k, work_.v, work_.dtype, work_.num_tokens, work_.layer);
     if (!status.ok()) {
       work_done(status);
       return;
@@ -129,6 +131,11 @@ Status DecodeAttentionService::check_message_size(const google::protobuf::Messag
                            settings_.max_message_bytes, bytes);
 }
 
+Status DecodeAttentionService::check_kv_range(const void* k, const void* v, DType wire, int64_t rows,
+                                              int32_t layer) const {
+  return check_cache_range(k, v, wire, rows, settings_.geometry, backend_.kv_scale(layer));
+}
+
 Status draining_status() { return Unavailable("server: draining (shutting down); send new calls to another replica"); }
 
 void DecodeAttentionService::observe_call(RpcMethod method, EngineClock::time_point received, const Status& status,
@@ -140,10 +147,14 @@ void DecodeAttentionService::observe_call(RpcMethod method, EngineClock::time_po
   }
   metrics_.observe_rpc(method, code, seconds);
   if (status.ok()) return;
+  // Anyone can fail authentication as fast as they can send: those lines are rate-limited.
+  int64_t dropped = 0;
+  if (status.code() == StatusCode::kUnauthenticated && !auth_failure_log_.allow(&dropped)) return;
   // The caller's mistakes (and refusals while draining) are warnings; the server's own failures are errors.
   const bool server_fault = status.code() == StatusCode::kInternal;
-  spdlog::log(server_fault ? spdlog::level::err : spdlog::level::warn, "{} {}{}failed: {} {}", rpc_method_name(method),
-              what, what.empty() ? "" : " ", grpc_code_name(code), status.message());
+  spdlog::log(server_fault ? spdlog::level::err : spdlog::level::warn, "{} {}{}failed: {} {}{}", rpc_method_name(method),
+              what, what.empty() ? "" : " ", grpc_code_name(code), status.message(),
+              dropped > 0 ? fmt::format(" ({} more failed authentications not logged)", dropped) : "");
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::finish_unary(grpc::CallbackServerContext* ctx, RpcMethod method,
@@ -166,6 +177,14 @@ DecodeAttentionService::DecodeAttentionService(const ServiceSettings& settings, 
       cache_gauges_(cache_gauges),
       auth_(auth) {}
 
+std::optional<std::string> DecodeAttentionService::authorization_of(const grpc::CallbackServerContext& ctx) {
+  const auto& metadata = ctx.client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    return std::string(it->second.data(), it->second.size());
+  }
+  return std::nullopt;
+}
+
 StatusOr<TenantId> DecodeAttentionService::tenant_of(const grpc::CallbackServerContext& ctx) {
   if (!auth_.enabled()) return kDefaultTenant;
   std::optional<std::string_view> header;
@@ -173,6 +192,10 @@ StatusOr<TenantId> DecodeAttentionService::tenant_of(const grpc::CallbackServerC
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
     header = std::string_view(it->second.data(), it->second.size());
   }
+  return tenant_for(header);
+}
+
+StatusOr<TenantId> DecodeAttentionService::tenant_for(std::optional<std::string_view> header) {
   auto who = auth_.authenticate(header);
   if (auto* tenant = std::get_if<TenantId>(&who)) {
     metrics_.add_tenant_request(*tenant, [&] { return auth_.tenant_name(*tenant); });
@@ -277,6 +300,9 @@ grpc::ServerUnaryReactor* DecodeAttentionService::Decode(grpc::CallbackServerCon
   Status status = decode_request(*request, settings_.geometry, settings_.max_batch, call.work);
   engine_.note_arrived();
   if (status.ok() && call.work.k != nullptr) status = check_request_tokens("k", call.work.rows, settings_);
+  if (status.ok() && call.work.k != nullptr) {
+    status = check_kv_range(call.work.k, call.work.v, call.work.kv_dtype, call.work.rows, call.work.layer);
+  }
   if (!status.ok()) return finish_unary(ctx, RpcMethod::kDecode, t0, status, describe(*request));
   call.work.tenant = *tenant;
   prepare_response(*request, settings_.geometry, call.work, *response);

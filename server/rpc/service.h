@@ -15,6 +15,7 @@
 #include "cache/cache_manager.h"
 #include "engine/engine.h"
 #include "observability/cache_gauges.h"
+#include "observability/log_rate_limit.h"
 #include "observability/metrics.h"
 #include "pagoda/backend.h"
 #include "pagoda/v1/decode_attention.grpc.pb.h"
@@ -93,8 +94,12 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   void call_done() { active_calls_.fetch_sub(1, std::memory_order_acq_rel); }
 
   const ServiceSettings& settings() const { return settings_; }
-  // RESOURCE_EXHAUSTED past --max-message-bytes (the transport takes twice that).
+  // RESOURCE_EXHAUSTED past --max-message-bytes (the transport takes more, so
+  // that a DecodeStream can answer an oversized message on its own).
   Status check_message_size(const google::protobuf::Message& request) const;
+  // INVALID_ARGUMENT when a K/V value to append is outside the cache dtype's
+  // range once divided by `layer`'s scale (rpc/cache_range.h).
+  Status check_kv_range(const void* k, const void* v, DType wire, int64_t rows, int32_t layer) const;
   CacheManager& cache() { return cache_; }
   Engine& engine() { return engine_; }
   const Authenticator& auth() const { return auth_; }
@@ -102,6 +107,10 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   // The calling tenant from the call's `authorization` metadata, or
   // UNAUTHENTICATED (counted by reason; the token is never logged).
   StatusOr<TenantId> tenant_of(const grpc::CallbackServerContext& ctx);
+  // The same for an `authorization` value kept by an open stream (nullopt: none sent).
+  StatusOr<TenantId> tenant_for(std::optional<std::string_view> header);
+  // The call's `authorization` metadata, nullopt when it sent none.
+  static std::optional<std::string> authorization_of(const grpc::CallbackServerContext& ctx);
 
   // One finished call (a DecodeStream response counts as one): its duration since
   // `received` by method and code, and an error line when it failed. `what` names
@@ -129,6 +138,8 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_calls_{0};
   std::atomic<int64_t> refused_while_draining_{0};
+  // Failed authentications: logged at most 5 a second (the metric counts every one).
+  LogRateLimit auth_failure_log_{5, std::chrono::seconds(1)};
   std::mutex streams_mu_;
   std::unordered_set<DecodeStreamCall*> streams_;
 };

@@ -268,12 +268,22 @@ TEST(ServerBinary, ServesThenDrainsOnSigtermAndExitsZero) {
   EXPECT_TRUE(health_check(port, health).ok());
   EXPECT_EQ(health, std::string("\x08\x01", 2));
 
+  // A client that keeps its channel open, idle, as an orchestrator does: the
+  // drain closes the connection instead of waiting for the client to.
+  auto kept = v1::DecodeAttention::NewStub(channel_to(port));
+  grpc::ClientContext ctx;
+  v1::GetConfigResponse config;
+  ASSERT_TRUE(kept->GetConfig(&ctx, v1::GetConfigRequest(), &config).ok());
+
+  const auto t0 = Clock::now();
   ASSERT_EQ(kill(pid, SIGTERM), 0);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   fclose(log);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_LT(took, 0.5) << "SIGTERM with an idle connection open took " << took << " s";
 }
 
 }  // namespace

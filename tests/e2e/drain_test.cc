@@ -1,7 +1,7 @@
-// SIGTERM's drain (DESIGN §5, §11) against clients that keep their channels
-// open, as every orchestrator does: the drain ends idle connections (GOAWAY,
-// then close) instead of waiting for the clients to hang up, so it returns as
-// soon as the in-flight work is done, and still cancels no call.
+// SIGTERM's drain (DESIGN §5, §11) under load from clients that keep their
+// channels open, as every orchestrator does: it returns within a second of the
+// last in-flight call and cancels none. (Idle connections holding the drain
+// show only across processes: lifecycle_test.cc, ServerBinary.)
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -16,8 +16,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 class DrainTest : public ServerTest {
  protected:
   ServerConfig config() const override {
@@ -26,25 +24,6 @@ class DrainTest : public ServerTest {
     return c;
   }
 };
-
-TEST_F(DrainTest, IdleConnectionsDoNotHoldTheDrain) {
-  // Sixteen clients, each on a connection of its own, called once and now idle.
-  std::vector<std::unique_ptr<v1::DecodeAttention::Stub>> idle;
-  for (int i = 0; i < 16; ++i) {
-    idle.push_back(make_stub(*server_));
-    Session s{idle.back().get(), g_};
-    v1::GetConfigResponse c;
-    ASSERT_TRUE(s.config(c).ok());
-  }
-  const auto t0 = Clock::now();
-  server_->shutdown(30);
-  const double took = seconds_since(t0);
-  EXPECT_LT(took, 0.5) << "the drain waited for idle connections";
-  // The channels learnt of the shutdown: a new call is refused, not hung.
-  Session s{idle.front().get(), g_};
-  v1::GetConfigResponse c;
-  EXPECT_EQ(s.config(c).error_code(), grpc::UNAVAILABLE);
-}
 
 // Eight clients append-and-decode in a loop on channels they keep; the drain
 // returns within a second of the last in-flight call, every call OK or

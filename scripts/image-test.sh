@@ -64,7 +64,7 @@ echo "image-test: image built in $(since "$t") s"
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 metrics_port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 t=$(now)
-"${podman[@]}" run -d --name "$name" --network host --read-only \
+"${podman[@]}" run -d --name "$name" --network host --read-only --no-healthcheck \
   -e PAGODA_LISTEN="127.0.0.1:$port" -e PAGODA_METRICS_ADDRESS="127.0.0.1:$metrics_port" \
   -e PAGODA_BACKEND=cpu -e PAGODA_THREADS=2 "$image" >/dev/null || fail "podman run"
 user="$("${podman[@]}" inspect -f '{{.Config.User}}' "$name")"

@@ -8,23 +8,31 @@
 # against pagoda-server --help.
 
 # The toolkit CI compiles with (nvcc 13.0.88); -devel to build, -runtime to run.
+# The bases are build arguments: `make image-test` builds a CPU image of this
+# same file on a local Debian base (PAGODA_CUDA=OFF), since the CUDA bases
+# cannot be pulled everywhere.
 ARG CUDA_IMAGE_VERSION=13.0.2
 ARG UBUNTU_VERSION=ubuntu24.04
+ARG BUILD_IMAGE=nvidia/cuda:${CUDA_IMAGE_VERSION}-devel-${UBUNTU_VERSION}
+ARG RUNTIME_IMAGE=nvidia/cuda:${CUDA_IMAGE_VERSION}-runtime-${UBUNTU_VERSION}
 
-FROM nvidia/cuda:${CUDA_IMAGE_VERSION}-devel-${UBUNTU_VERSION} AS build
+FROM ${BUILD_IMAGE} AS build
+# ON: the CUDA backend is required (the default); OFF: a CPU-only image.
+ARG PAGODA_CUDA=ON
 WORKDIR /src
 # The package list first, so the dependency layer is cached across source changes.
+# Only the compile group: the test suite's packages (gtest, torch, ...) stay out.
 COPY scripts/install-deps.sh scripts/install-deps.sh
-RUN bash scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
+RUN bash scripts/install-deps.sh compile && rm -rf /var/lib/apt/lists/*
 COPY . .
-# The Makefile's own build target, as `make test` in CI runs it, with CUDA required.
-RUN make build BUILD=build \
-      CMAKE_FLAGS='-DPAGODA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90a;80" -DPAGODA_BUILD_TESTS=OFF' \
+# The Makefile's own build target, as `make test` in CI runs it.
+RUN make build BUILD=build DEPS_GROUPS=compile \
+      CMAKE_FLAGS='-DPAGODA_CUDA='"${PAGODA_CUDA}"' -DCMAKE_CUDA_ARCHITECTURES="90a;80" -DPAGODA_BUILD_TESTS=OFF' \
  && mkdir -p /out/bin \
  && cp build/server/pagoda-server build/client/pagoda-cli build/client/pagoda-bench /out/bin/ \
  && bash scripts/runtime-packages.sh /out/bin/* > /out/runtime-packages.txt
 
-FROM nvidia/cuda:${CUDA_IMAGE_VERSION}-runtime-${UBUNTU_VERSION}
+FROM ${RUNTIME_IMAGE}
 # Only the packages whose libraries the binaries load (listed by the build stage).
 COPY --from=build /out/runtime-packages.txt /tmp/runtime-packages.txt
 RUN apt-get update \

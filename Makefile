@@ -8,13 +8,15 @@ JOBS       ?= $(shell nproc)
 CMAKE_FLAGS ?=
 # Extra server flags for `make run`, e.g. ARGS="--layers 4 --cache-dtype bf16"
 ARGS ?=
+# The install script's package groups `configure` needs (the image's build stage: compile)
+DEPS_GROUPS ?= build
 
-.PHONY: all deps check-deps fuzz-deps configure build run test unit-test check-deploy bench demo sanitize fuzz tsan clean
+.PHONY: all deps check-deps fuzz-deps configure build run test unit-test check-deploy bench demo sanitize fuzz tsan image-test clean
 
 all: build
 
 deps:
-	@bash scripts/install-deps.sh
+	@bash scripts/install-deps.sh $(DEPS_GROUPS)
 
 # promtool and a Prometheus server, yamllint, shellcheck: the deployment checks' tools.
 check-deps:
@@ -86,6 +88,13 @@ tsan: deps
 	  -DPAGODA_SANITIZE=thread > $(TSAN_BUILD).configure.log 2>&1 || { cat $(TSAN_BUILD).configure.log; exit 1; }
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target pagoda_concurrency_tests
 	@TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/tests/pagoda_concurrency_tests
+
+# The container image of the Dockerfile built for the CPU with podman from a
+# locally bootstrapped Debian base, run non-root on a read-only root file
+# system and checked from outside: health, demo, /metrics, SIGTERM, size, no compiler.
+image-test: build
+	@bash scripts/install-deps.sh image
+	@bash scripts/image-test.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log $(SAN_BUILD) $(SAN_BUILD).configure.log $(TSAN_BUILD) \

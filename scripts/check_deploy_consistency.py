@@ -99,9 +99,13 @@ def check_flags(flags, source, docs, dockerfile):
             for arg in c.get("args", []) + c.get("command", [])[1:]:
                 if arg.startswith("--"):
                     used_flags.setdefault(arg.split("=", 1)[0], f"{name} args")
+    # Build arguments (ARG PAGODA_CUDA) configure the build, not the server.
+    build_args = {m.group(1) for line in dockerfile_instructions(dockerfile)
+                  if (m := re.match(r"ARG\s+([A-Za-z0-9_]+)", line))}
     for line in dockerfile_instructions(dockerfile):
         for env in re.findall(r"\b(PAGODA_[A-Z0-9_]+)", line):
-            used_env.setdefault(env, "Dockerfile")
+            if env not in build_args:
+                used_env.setdefault(env, "Dockerfile")
         if re.match(r"(ENTRYPOINT|CMD)\b", line):
             for flag in re.findall(r"(--[a-z0-9][a-z0-9-]*)", line):
                 used_flags.setdefault(flag, "Dockerfile " + line.split()[0])

@@ -2,11 +2,14 @@
 # Installs the distribution packages pagoda needs. Idempotent: when every
 # package is present it returns without touching apt.
 #
-# Usage: scripts/install-deps.sh [build] [checks]
-#   build  (default) compilers, libraries and tools to build, test and run
-#   checks the deployment checks' tools: promtool and a Prometheus server,
-#          yamllint, shellcheck
-#   fuzz   clang and its libFuzzer runtime (make sanitize, make fuzz)
+# Usage: scripts/install-deps.sh [build] [checks] [fuzz] [compile] [image]
+#   build   (default) compilers, libraries and tools to build, test and run
+#   checks  the deployment checks' tools: promtool and a Prometheus server,
+#           yamllint, shellcheck
+#   fuzz    clang and its libFuzzer runtime (make sanitize, make fuzz)
+#   compile only what building the binaries needs, without the test suite
+#           (the container image's build stage)
+#   image   podman, runc and debootstrap (make image-test)
 set -euo pipefail
 
 build_packages=(
@@ -19,7 +22,14 @@ build_packages=(
   python3-torch
   openssl
 )
+compile_packages=(
+  cmake ninja-build g++ make pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libspdlog-dev libfmt-dev prometheus-cpp-dev
+  libhwy-dev libtbb-dev libcli11-dev
+)
 check_packages=(prometheus yamllint shellcheck curl)
+image_packages=(podman runc debootstrap curl)
 fuzz_packages=(clang libclang-rt-14-dev)
 
 packages=()
@@ -28,7 +38,9 @@ for group in "${@:-build}"; do
     build) packages+=("${build_packages[@]}") ;;
     checks) packages+=("${check_packages[@]}") ;;
     fuzz) packages+=("${fuzz_packages[@]}") ;;
-    *) echo "install-deps: expected a group among build, checks, fuzz; received '$group'" >&2; exit 2 ;;
+    compile) packages+=("${compile_packages[@]}") ;;
+    image) packages+=("${image_packages[@]}") ;;
+    *) echo "install-deps: expected a group among build, checks, fuzz, compile, image; received '$group'" >&2; exit 2 ;;
   esac
 done
 

@@ -4,6 +4,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -24,6 +27,12 @@ struct SoakArgs {
   SoakShape shape;
   double sigterm_after_s = 0;  // 0: no SIGTERM
   int64_t server_pid = 0;
+  // --revoke-after: client 0 connects with revoke_token, which is taken out of
+  // tokens_file (the server's --auth-tokens) after this many seconds, then the
+  // server is sent SIGHUP. 0: no revocation.
+  double revoke_after_s = 0;
+  std::string revoke_token;
+  std::string tokens_file;
   bool json = false;
 };
 
@@ -31,6 +40,7 @@ struct SoakReport {
   SoakCounts counts;
   double wall_s = 0;
   bool sigterm_sent = false;
+  bool revocation_sent = false;
   int64_t failures = 0;
 };
 
@@ -63,6 +73,10 @@ void print_table(const SoakArgs& a, const client::ServerConfig& config, const So
     fmt::print("SIGTERM sent to pid {} after {:.2f} s: final lengths not verified (the server is gone)\n",
                a.server_pid, a.sigterm_after_s);
   }
+  if (r.revocation_sent) {
+    fmt::print("token of client 0 revoked (SIGHUP to pid {}) after {:.2f} s; its {} sequences not verified\n",
+               a.server_pid, a.revoke_after_s, r.counts.unverified_revoked);
+  }
   fmt::print("sequences verified {}: lost {}, duplicates {}; decodes checked against the reference {}: "
              "mismatches {}\n",
              r.counts.verified_sequences, r.counts.lost, r.counts.duplicates, r.counts.checked_decodes,
@@ -84,11 +98,37 @@ void print_json(const SoakArgs& a, const SoakReport& r) {
     problem += ch;
   }
   fmt::print("{{\"clients\": {}, \"calls_per_client\": {}, \"rpcs\": {}, \"wall_s\": {:.3f}, \"sigterm_sent\": {}, "
+             "\"revocation_sent\": {}, "
              "\"outcomes\": {{{}}}, \"verified_sequences\": {}, \"lost\": {}, \"duplicates\": {}, "
              "\"checked_decodes\": {}, \"mismatches\": {}, \"failures\": {}, \"first_problem\": \"{}\"}}\n",
-             a.shape.clients, a.shape.calls, r.counts.rpcs, r.wall_s, r.sigterm_sent, outcomes,
+             a.shape.clients, a.shape.calls, r.counts.rpcs, r.wall_s, r.sigterm_sent, r.revocation_sent, outcomes,
              r.counts.verified_sequences, r.counts.lost, r.counts.duplicates, r.counts.checked_decodes,
              r.counts.mismatches, r.failures, problem);
+}
+
+// Rewrites the tokens file without the lines whose token (second field) is
+// `token`; the server reads it again on SIGHUP. Returns why not, or "".
+std::string remove_token(const std::string& path, const std::string& token) {
+  std::ifstream in(path);
+  if (!in) return fmt::format("--tokens-file: cannot read '{}'", path);
+  std::string kept, line;
+  int removed = 0;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string tenant, t;
+    fields >> tenant >> t;
+    if (!tenant.empty() && tenant[0] != '#' && t == token) {
+      ++removed;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  in.close();
+  if (removed == 0) return fmt::format("--revoke-token: expected a token of '{}', found none there", path);
+  std::ofstream out(path, std::ios::trunc);
+  out << kept;
+  if (!out) return fmt::format("--tokens-file: cannot write '{}'", path);
+  return "";
 }
 
 int run(const SoakArgs& a) {
@@ -100,6 +140,14 @@ int run(const SoakArgs& a) {
   }
   if (a.sigterm_after_s > 0 && a.server_pid <= 0) {
     fmt::print(stderr, "error: --sigterm-after: expected --server-pid too, received none\n");
+    return 2;
+  }
+  if (a.revoke_after_s > 0 && (a.server_pid <= 0 || a.revoke_token.empty() || a.tokens_file.empty())) {
+    fmt::print(stderr, "error: --revoke-after: expected --server-pid, --revoke-token and --tokens-file too\n");
+    return 2;
+  }
+  if (a.revoke_after_s > 0 && a.sigterm_after_s > 0) {
+    fmt::print(stderr, "error: --revoke-after and --sigterm-after: expected one of them, received both\n");
     return 2;
   }
   for (size_t l = 0; l < config->k_scales.size(); ++l) {
@@ -120,6 +168,9 @@ int run(const SoakArgs& a) {
   }
 
   std::atomic<bool> skip_verify{false};
+  std::atomic<bool> revoked{false};
+  client::ConnectionFlags revoked_client = a.server;
+  revoked_client.token = a.revoke_token;
   std::vector<SoakCounts> results(static_cast<size_t>(a.shape.clients));
   std::mutex mu;
   std::condition_variable cv;
@@ -128,7 +179,9 @@ int run(const SoakArgs& a) {
   std::vector<std::thread> threads;
   for (int32_t i = 0; i < a.shape.clients; ++i) {
     threads.emplace_back([&, i] {
-      results[static_cast<size_t>(i)] = run_soak_client(a.server, *config, a.shape, i, skip_verify);
+      const bool revokes = a.revoke_after_s > 0 && i == 0;
+      results[static_cast<size_t>(i)] = run_soak_client(revokes ? revoked_client : a.server, *config, a.shape, i,
+                                                        skip_verify, revokes ? &revoked : nullptr);
       std::lock_guard lock(mu);
       ++finished;
       cv.notify_all();
@@ -146,10 +199,24 @@ int run(const SoakArgs& a) {
       fmt::print(stderr, "note: every client finished before --sigterm-after; no SIGTERM sent\n");
     }
   }
+  if (a.revoke_after_s > 0) {
+    std::this_thread::sleep_until(
+        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.revoke_after_s)));
+    const std::string why_not = remove_token(a.tokens_file, a.revoke_token);
+    if (!why_not.empty()) {
+      fmt::print(stderr, "error: {}\n", why_not);
+      revoked = true;  // client 0 then reports, 10 s on, that it was never refused
+    } else {
+      revoked = true;  // before the signal: the server cannot refuse the token earlier
+      report.revocation_sent = ::kill(static_cast<pid_t>(a.server_pid), SIGHUP) == 0;
+      if (!report.revocation_sent) fmt::print(stderr, "warning: SIGHUP to pid {} failed\n", a.server_pid);
+    }
+  }
   for (auto& t : threads) t.join();
   report.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   for (const SoakCounts& r : results) report.counts.add(r);
   report.failures = report.counts.failures(report.sigterm_sent);
+  if (a.revoke_after_s > 0 && !report.revocation_sent) ++report.failures;
   if (a.json) print_json(a, report);
   else print_table(a, *config, report);
   const bool clean = report.failures == 0 && report.counts.lost == 0 && report.counts.duplicates == 0 &&
@@ -190,7 +257,13 @@ void add_soak_command(CLI::App& app, int& exit_code) {
   sub->add_option("--seed", s.seed, "Seed of the operation mix and the tensors")->capture_default_str();
   sub->add_option("--sigterm-after", a->sigterm_after_s, "Send SIGTERM to --server-pid after this many seconds")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
-  sub->add_option("--server-pid", a->server_pid, "The server's process id (with --sigterm-after)");
+  sub->add_option("--server-pid", a->server_pid, "The server's process id (with --sigterm-after or --revoke-after)");
+  sub->add_option("--revoke-after", a->revoke_after_s,
+                  "Take --revoke-token out of --tokens-file and send --server-pid SIGHUP after this many seconds: "
+                  "client 0 (which uses that token) must then be refused UNAUTHENTICATED everywhere")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_option("--revoke-token", a->revoke_token, "Client 0's bearer token, the one --revoke-after revokes");
+  sub->add_option("--tokens-file", a->tokens_file, "The server's --auth-tokens file (rewritten by --revoke-after)");
   sub->add_flag("--json", a->json, "Print JSON instead of a table");
   sub->callback([a, &exit_code] {
     if (a->shape.append_fraction + a->shape.fork_fraction + a->shape.free_fraction > 1.0) {

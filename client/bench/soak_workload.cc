@@ -1,6 +1,7 @@
 #include "soak_workload.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <random>
@@ -49,8 +50,8 @@ constexpr const char* kTiny = "decode_step_tiny_deadline";
 class SoakClient {
  public:
   SoakClient(const client::ConnectionFlags& server, const client::ServerConfig& config, const SoakShape& shape,
-             int32_t index, const std::atomic<bool>& skip_verify)
-      : config_(config), shape_(shape), index_(index), skip_verify_(skip_verify),
+             int32_t index, const std::atomic<bool>& skip_verify, const std::atomic<bool>* revoked)
+      : config_(config), shape_(shape), index_(index), skip_verify_(skip_verify), revoked_(revoked),
         rng_(shape.seed * 1000003u + static_cast<uint64_t>(index)),
         layout_{config.num_q_heads, config.num_kv_heads, config.head_dim} {
     client_ = server.connect();
@@ -64,9 +65,26 @@ class SoakClient {
       KnownSequence s;
       if (create(s)) seqs_.push_back(std::move(s));
     }
-    for (int64_t n = 0; n < shape_.calls && live_; ++n) {
+    // The revoked client goes on until its revocation has been seen (at most
+    // 10 s after the token was taken out).
+    std::optional<std::chrono::steady_clock::time_point> revoked_at;
+    for (int64_t n = 0; live_; ++n) {
+      if (n >= shape_.calls && revoked_ == nullptr) break;
+      if (revoked_ != nullptr && n >= shape_.calls && revoked_->load()) {
+        if (!revoked_at) revoked_at = std::chrono::steady_clock::now();
+        if (std::chrono::steady_clock::now() - *revoked_at > std::chrono::seconds(10)) {
+          ++counts_.outcomes["revoked"]["never_refused"];
+          problem("the revoked token was still served 10 s after the revocation");
+          break;
+        }
+      }
       if (!keep_bounded()) break;
       operation();
+    }
+    if (refused_after_revocation_) {
+      probe_after_revocation();
+      counts_.unverified_revoked += static_cast<int64_t>(seqs_.size());
+      return std::move(counts_);
     }
     if (stream_ && live_) {
       auto fin = stream_->finish();
@@ -299,7 +317,44 @@ class SoakClient {
     return false;
   }
 
+  // The revoked client's calls of every kind, each expected UNAUTHENTICATED.
+  void probe_after_revocation() {
+    auto expect = [&](const char* what, const client::Error* e) {
+      ++counts_.rpcs;
+      const bool refused = e != nullptr && e->code() == ErrorCode::kUnauthenticated;
+      ++counts_.outcomes[std::string("after_revocation_") + what][refused ? "unauthenticated"
+                                                              : e == nullptr ? "served" : e->code_name()];
+      if (!refused) problem(fmt::format("{} after the revocation: expected UNAUTHENTICATED, received {}", what,
+                                        e == nullptr ? std::string("an answer") : e->to_string()));
+    };
+    const uint64_t id = seqs_.empty() ? 1 : seqs_.front().id;
+    const std::vector<float> q = random_q(1), kv(static_cast<size_t>(config_.kv_row()), 0.25f);
+    auto unary = client_->decode({.layer = 0, .sequence_ids = {id}, .q = q});
+    expect("decode", unary.ok() ? nullptr : &unary.error());
+    if (!stream_) {
+      auto s = client_->open_stream();
+      if (s.ok()) stream_ = std::move(*s);
+    }
+    if (stream_) {
+      auto streamed = stream_->call({.layer = 0, .sequence_ids = {id}, .q = q, .k = kv, .v = kv});
+      expect("stream", streamed.ok() ? nullptr : &streamed.error());
+    }
+    auto appended = client_->append_kv(id, 0, kv, kv);
+    expect("append_kv", appended.ok() ? nullptr : &appended.error());
+    auto created = client_->create_sequence("after-revocation");
+    expect("create", created.ok() ? nullptr : &created.error());
+    auto info = client_->get_sequence(id);
+    expect("get_sequence", info.ok() ? nullptr : &info.error());
+  }
+
   void failed(const std::string& op, const client::Error& e) {
+    if (e.code() == ErrorCode::kUnauthenticated && revoked_ != nullptr && revoked_->load()) {
+      // The revocation reached the server: nothing this call sent was applied.
+      ++counts_.outcomes[op]["revoked"];
+      refused_after_revocation_ = true;
+      live_ = false;
+      return;
+    }
     const bool draining = e.code() == ErrorCode::kUnavailable;
     ++counts_.outcomes[op][draining ? "unavailable" : e.code_name()];
     if (!draining) problem(fmt::format("{}: {}", op, e.to_string()));
@@ -326,6 +381,8 @@ class SoakClient {
   const SoakShape& shape_;
   const int32_t index_;
   const std::atomic<bool>& skip_verify_;
+  const std::atomic<bool>* revoked_;  // this client's token is being revoked; null: never
+  bool refused_after_revocation_ = false;
   std::mt19937_64 rng_;
   client::HeadLayout layout_;
   std::unique_ptr<client::Client> client_, tiny_;
@@ -349,6 +406,7 @@ void SoakCounts::add(const SoakCounts& o) {
   mismatches += o.mismatches;
   checked_decodes += o.checked_decodes;
   verified_sequences += o.verified_sequences;
+  unverified_revoked += o.unverified_revoked;
   if (first_problem.empty()) first_problem = o.first_problem;
 }
 
@@ -357,6 +415,7 @@ int64_t SoakCounts::failures(bool draining) const {
   for (const auto& [op, by] : outcomes) {
     for (const auto& [outcome, count] : by) {
       const bool fine = outcome == "ok" || outcome == "retried" || outcome == "replayed" || outcome == "gave_up" ||
+                        outcome == "revoked" || outcome == "unauthenticated" ||
                         (draining && outcome == "unavailable");
       if (!fine) n += count;
     }
@@ -365,8 +424,9 @@ int64_t SoakCounts::failures(bool draining) const {
 }
 
 SoakCounts run_soak_client(const client::ConnectionFlags& server, const client::ServerConfig& config,
-                           const SoakShape& shape, int32_t index, const std::atomic<bool>& skip_verify) {
-  SoakClient c(server, config, shape, index, skip_verify);
+                           const SoakShape& shape, int32_t index, const std::atomic<bool>& skip_verify,
+                           const std::atomic<bool>* revoked) {
+  SoakClient c(server, config, shape, index, skip_verify, revoked);
   return c.run();
 }
 

@@ -39,7 +39,9 @@ struct SoakCounts {
   // [operation][outcome]: outcomes "ok", "retried" (answered after a retry,
   // applied once), "replayed" (an earlier attempt had applied the step: re-read),
   // "gave_up" (every tiny-deadline attempt timed out; finished without one),
-  // "unavailable" (refused while the server drains), or a gRPC code name.
+  // "unavailable" (refused while the server drains), "revoked" and
+  // "unauthenticated" (the revoked client's refusals after the revocation),
+  // or a gRPC code name.
   std::map<std::string, std::map<std::string, int64_t>> outcomes;
   int64_t rpcs = 0;              // calls sent, retries included
   int64_t lost = 0;              // tokens the client appended that the server does not hold
@@ -47,6 +49,7 @@ struct SoakCounts {
   int64_t mismatches = 0;        // decodes that differ from the reference
   int64_t checked_decodes = 0;   // decodes compared against the reference
   int64_t verified_sequences = 0;
+  int64_t unverified_revoked = 0;  // the revoked client's sequences, out of reach once it is
   std::string first_problem;
 
   void add(const SoakCounts& other);
@@ -58,7 +61,16 @@ struct SoakCounts {
 // Runs one client's operations against `server`; stops early once the server
 // answers UNAVAILABLE (draining). Verifies at the end unless `skip_verify`
 // became true (the server was sent SIGTERM).
+//
+// `revoked` (the client whose token the run revokes; null for the others)
+// becomes true once the token is out of the tokens file, just before the
+// server is sent SIGHUP. That client runs until a call of its is refused
+// UNAUTHENTICATED after that ("revoked"; before it, such a refusal is a
+// failure), then checks that a unary decode, a request on the DecodeStream it
+// holds, an append, a create and a GetSequence are all refused UNAUTHENTICATED
+// ("after_revocation_*"). Its sequences cannot be verified then.
 SoakCounts run_soak_client(const client::ConnectionFlags& server, const client::ServerConfig& config,
-                           const SoakShape& shape, int32_t index, const std::atomic<bool>& skip_verify);
+                           const SoakShape& shape, int32_t index, const std::atomic<bool>& skip_verify,
+                           const std::atomic<bool>* revoked = nullptr);
 
 }  // namespace pagoda::bench

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -42,6 +43,19 @@ std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsFiles& tls)
   return grpc::SslServerCredentials(options);
 }
 
+// Takes gRPC's reflection plugin off one builder. The plugin is registered for
+// every builder of the process as soon as the reflection library is loaded
+// (its static initializer), so not calling InitProtoReflectionServerBuilderPlugin
+// is not enough. Reflection answers without a token: under --auth-tokens it
+// would describe the service to anyone.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const auto& p) { return p->name() == "proto_server_reflection"; });
+  }
+};
+
 }  // namespace
 
 Status PagodaServer::reload_auth() {
@@ -77,6 +91,9 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   MetricsOptions metrics;
   metrics.address = raw.metrics_address;
   if (is_fp8(config.geometry.dtype)) metrics.kv_saturation_layers = config.geometry.num_layers;
+  metrics.tenant_labels = raw.metrics_tenant_labels;
+  metrics.auth_user = config.metrics_auth.user;
+  metrics.auth_password = config.metrics_auth.password;
   StatusOr<std::unique_ptr<Metrics>> created = Metrics::create(metrics);
   PAGODA_RETURN_IF_ERROR(created.status());
   s->metrics_ = std::move(*created);
@@ -132,6 +149,7 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   settings.tls = config.tls.enabled();
   settings.max_sequences = raw.max_sequences;
   settings.max_sequence_tokens = raw.max_sequence_tokens;
+  settings.kv_scales = config.kv_scales;
   if (raw.auth_tokens.empty()) {
     s->auth_ = std::make_unique<Authenticator>();
   } else {
@@ -152,17 +170,20 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   // Both process-wide switches must be set before the builder is created.
   // Reflection answers without a token, so it is served only when auth is off.
   grpc::EnableDefaultHealthCheckService(true);
-  if (!s->auth_->enabled()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (s->auth_->enabled()) builder.SetOption(std::make_unique<WithoutReflection>());
   builder.AddListeningPort(raw.listen, server_credentials(config.tls), &s->port_);
   builder.RegisterService(s->service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<ParseFailureInterceptorFactory>());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  // The transport takes up to twice --max-message-bytes; the service refuses
-  // what is past the limit itself, so that one oversized request on a
-  // DecodeStream is answered on its own instead of ending the stream.
-  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(2 * raw.max_message_bytes, INT32_MAX)));
+  // The service refuses every message past --max-message-bytes itself, so
+  // that an oversized request on a DecodeStream is answered on its own; gRPC's
+  // own limit would end the whole stream. So the transport takes the largest
+  // message gRPC can carry (2 GiB): a client may make the server hold one such
+  // message while it is refused.
+  builder.SetMaxReceiveMessageSize(INT32_MAX);
   builder.SetMaxSendMessageSize(static_cast<int>(raw.max_message_bytes));
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
@@ -245,7 +266,15 @@ void PagodaServer::shutdown(double drain_seconds) {
     spdlog::warn("shutdown: {} calls still in flight after {} s; cancelling them", service_->active_calls(),
                  drain_seconds);
   }
-  const auto left = std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero());
+  // Shutdown sends GOAWAY and waits for every connection to close, and a
+  // client that keeps an idle channel open does not close it (gRPC's graceful
+  // GOAWAY then waits up to ~20 s for a ping the server's ping policy may hold
+  // back). No call of ours is in flight now, so a short grace lets a call
+  // already on the wire reach a handler and get UNAVAILABLE; at its end
+  // Shutdown closes the idle connections.
+  constexpr auto kGoawayGrace = std::chrono::milliseconds(100);
+  const auto left = std::clamp(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero(),
+                               std::chrono::steady_clock::duration(kGoawayGrace));
   server_->Shutdown(std::chrono::system_clock::now() +
                     std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
   server_->Wait();

@@ -64,7 +64,7 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
   PAGODA_RETURN_IF_ERROR(check_positive("--max-request-tokens", c.max_request_tokens));
   PAGODA_RETURN_IF_ERROR(check_positive("--max-stream-in-flight", c.max_stream_in_flight));
   if (c.max_request_blocks < 0) {
-    return InvalidArgument("--max-request-blocks: expected >= 0 (0 = an eighth of the cache), received {}",
+    return InvalidArgument("--max-request-blocks: expected >= 0 (0 = no limit beyond the cache), received {}",
                            c.max_request_blocks);
   }
   if (!(c.idle_ttl >= 0) || !std::isfinite(c.idle_ttl)) {
@@ -126,10 +126,15 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
     return InvalidArgument("--num-blocks: expected at most {}, received {}", INT32_MAX, blocks);
   }
   g.num_blocks = static_cast<int32_t>(blocks);
-  e.max_request_blocks = c.max_request_blocks > 0 ? c.max_request_blocks : std::max<int64_t>(1, blocks / 8);
+  // The default takes nothing from what the free cache, the tenant's quota and
+  // --max-request-tokens allow: one request may fill the whole cache.
+  e.max_request_blocks = c.max_request_blocks > 0 ? std::min(c.max_request_blocks, blocks) : blocks;
   StatusOr<TlsFiles> tls = read_tls_files(c);
   PAGODA_RETURN_IF_ERROR(tls.status());
   e.tls = std::move(*tls);
+  StatusOr<MetricsCredentials> metrics_auth = read_metrics_auth_file(c.metrics_auth);
+  PAGODA_RETURN_IF_ERROR(metrics_auth.status());
+  e.metrics_auth = std::move(*metrics_auth);
   if (!c.auth_tokens.empty()) {
     // Read again at start (and on SIGHUP); a malformed file fails here, before anything starts.
     StatusOr<TokensFile> tokens = read_tokens_file(c.auth_tokens);
@@ -150,7 +155,7 @@ std::string describe(const EffectiveConfig& e) {
       "max_label_bytes={} max_request_tokens={} max_request_blocks={} max_stream_in_flight={} idle_ttl={}s "
       "threads={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={} "
       "log_summary_interval={}s tls={} auth={} tenant_max_blocks={} tenant_max_sequences={} max_sequences={} "
-      "max_sequence_tokens={} snapshot_dir={}",
+      "max_sequence_tokens={} snapshot_dir={} metrics_tenant_labels={} metrics_auth={}",
       g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim, g.block_size, g.num_blocks,
       block_bytes(g) * g.num_blocks, dtype_name(g.dtype), c.kv_scales, c.split_tokens, c.mode, c.max_batch,
       c.max_batch_wait_us, c.max_message_bytes, c.max_label_bytes, c.max_request_tokens, e.max_request_blocks,
@@ -158,7 +163,8 @@ std::string describe(const EffectiveConfig& e) {
       c.determinism_sample_rate, c.log_summary_interval,
       !e.tls.enabled() ? "off" : e.tls.client_ca.empty() ? "on" : "mutual", c.auth_tokens.empty() ? "off" : c.auth_tokens,
       c.tenant_max_blocks, c.tenant_max_sequences, c.max_sequences, c.max_sequence_tokens,
-      c.snapshot_dir.empty() ? "off" : c.snapshot_dir);
+      c.snapshot_dir.empty() ? "off" : c.snapshot_dir, c.metrics_tenant_labels ? "on" : "off",
+      c.metrics_auth.empty() ? "off" : "basic");
 }
 
 }  // namespace pagoda

@@ -9,6 +9,7 @@
 
 #include "pagoda/backend.h"
 #include "pagoda/split_plan.h"
+#include "app/metrics_auth_file.h"
 #include "app/tls_files.h"
 #include "pagoda/status.h"
 
@@ -17,6 +18,8 @@ namespace pagoda {
 struct ServerConfig {
   std::string listen = "0.0.0.0:50051";           // gRPC address; port 0 picks a free one
   std::string metrics_address = "0.0.0.0:9464";   // Prometheus exposition address; empty: not served
+  bool metrics_tenant_labels = false;              // pagoda_tenant_* series (tenant names and usage)
+  std::string metrics_auth;                        // file of 'USER:PASSWORD' for /metrics; empty: open
   int32_t layers = 2;
   int32_t q_heads = 8;
   int32_t kv_heads = 2;
@@ -33,7 +36,7 @@ struct ServerConfig {
   int64_t max_message_bytes = int64_t{64} << 20;   // gRPC receive and send limit
   int32_t max_label_bytes = 256;                   // CreateSequence's label
   int32_t max_request_tokens = 65536;              // tokens one AppendKV or Decode appends
-  int64_t max_request_blocks = 0;                  // new blocks one request takes; 0: an eighth of the cache
+  int64_t max_request_blocks = 0;                  // new blocks one request takes; 0: the whole cache
   int32_t max_stream_in_flight = 64;               // DecodeStream requests read and not yet answered
   int64_t max_sequences = 1 << 20;                 // sequences held, all tenants; 0: no limit
   int64_t max_sequence_tokens = 1 << 20;           // tokens one sequence holds in a layer; 0: no limit
@@ -62,6 +65,7 @@ struct EffectiveConfig {
   std::vector<KvScale> kv_scales;  // [num_layers]
   int64_t max_request_blocks = 0;  // resolved: > 0
   TlsFiles tls;                    // read from the --tls-* files
+  MetricsCredentials metrics_auth; // read from --metrics-auth
   SplitMode mode = SplitMode::kDeterministic;
 };
 

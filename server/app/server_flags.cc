@@ -25,6 +25,11 @@ void add(CLI::App& app, const std::string& flag, T& value, const std::string& he
 void add_server_flags(CLI::App& app, ServerConfig& c) {
   add(app, "--listen", c.listen, "gRPC listen address, host:port (port 0 picks a free port)");
   add(app, "--metrics-address", c.metrics_address, "Prometheus exposition address, host:port (port 0 picks a free port; empty: not served)");
+  app.add_flag("--metrics-tenant-labels", c.metrics_tenant_labels,
+               "Publish per-tenant series on /metrics (tenant names, calls and cache usage); off by default")
+      ->envname(env_name("--metrics-tenant-labels"));
+  add(app, "--metrics-auth", c.metrics_auth,
+      "File of one line 'USER:PASSWORD': /metrics asks for HTTP basic auth with it (empty: open)");
   add(app, "--layers", c.layers, "Model layers whose K/V the cache holds");
   add(app, "--q-heads", c.q_heads, "Query heads per token");
   add(app, "--kv-heads", c.kv_heads, "K/V heads per token (q-heads must be a multiple: GQA)");
@@ -45,7 +50,7 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
   add(app, "--max-label-bytes", c.max_label_bytes, "Longest CreateSequence label, bytes");
   add(app, "--max-request-tokens", c.max_request_tokens, "Most tokens one AppendKV or Decode appends");
   add(app, "--max-request-blocks", c.max_request_blocks,
-      "Most new cache blocks one request may take (0: an eighth of the cache)");
+      "Most new cache blocks one request may take (0: no limit beyond the cache itself)");
   add(app, "--max-stream-in-flight", c.max_stream_in_flight,
       "DecodeStream requests read and not yet answered, per stream (the next read waits)");
   add(app, "--max-sequences", c.max_sequences, "Most sequences the server holds, every tenant's together (0: no limit)");

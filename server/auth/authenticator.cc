@@ -1,5 +1,7 @@
 #include "auth/authenticator.h"
 
+#include "auth/constant_time.h"
+
 #include <algorithm>
 #include <variant>
 
@@ -7,17 +9,6 @@ namespace pagoda {
 namespace {
 
 constexpr std::string_view kScheme = "Bearer ";
-
-// 1 when a == b, else 0, in time that depends on the lengths only.
-uint8_t equal_in_constant_time(std::string_view a, std::string_view b) {
-  uint8_t diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = a.size();
-  for (size_t i = 0; i < n; ++i) {
-    const char other = b.empty() ? 0 : b[i % b.size()];
-    diff |= static_cast<uint8_t>(a[i] ^ other);
-  }
-  return static_cast<uint8_t>(diff == 0);
-}
 
 }  // namespace
 
@@ -66,6 +57,7 @@ Status Authenticator::install(const TokensFile& file) {
     table->tokens.emplace_back(e.token, it->id);
   }
   table_ = std::move(table);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   return Status::Ok();
 }
 

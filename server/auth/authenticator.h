@@ -7,6 +7,7 @@
 // Tenant numbers are stable across reloads: a tenant keeps its number (and
 // its sequences) when its tokens change.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -43,6 +44,9 @@ class Authenticator {
   // Re-reads the file: on success the new tokens apply from the next call;
   // on error nothing changes and the error says why.
   Status reload();
+  // Changes with every installed file: a DecodeStream authenticated under an
+  // older generation checks its token again before its next request.
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
 
   struct Refusal {
     AuthFailure reason;
@@ -73,6 +77,7 @@ class Authenticator {
   mutable std::mutex mu_;
   std::shared_ptr<const Table> table_;  // swapped whole under mu_
   std::vector<Tenant> tenants_;         // [id - 1], under mu_; grows only
+  std::atomic<uint64_t> generation_{0};
 };
 
 }  // namespace pagoda

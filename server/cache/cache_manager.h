@@ -66,8 +66,9 @@ struct ReserveRequest {
   // [ids] the layer length each sequence must have before its append; empty:
   // unchecked. A mismatch is FAILED_PRECONDITION and nothing changes.
   std::span<const int32_t> expected_lengths;
-  // The wire field errors name: DecodeRequest's list, or AppendKV's scalar.
-  bool expected_length_is_scalar = false;
+  // The wire fields errors name: DecodeRequest's lists (sequence_ids[i],
+  // expected_lengths[i]) or AppendKV's scalars (sequence_id, expected_length).
+  bool scalar_fields = false;
   // [ids] query rows each sequence attends with (docs/design.md §9); empty: one each,
   // unchecked. A sequence holding fewer tokens than its rows after the append
   // is INVALID_ARGUMENT (one row on an empty sequence is allowed).

@@ -140,7 +140,10 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < request.ids.size(); ++i) {
     Sequence* s = find(request.ids[i], request.tenant);
-    if (s == nullptr) return NotFound("sequence_ids[{}]: no sequence {}", i, request.ids[i]);
+    if (s == nullptr) {
+      return request.scalar_fields ? NotFound("sequence_id: no sequence {}", request.ids[i])
+                                   : NotFound("sequence_ids[{}]: no sequence {}", i, request.ids[i]);
+    }
     s->last_used = now;
     seqs_.push_back(s);
   }
@@ -148,7 +151,7 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
     const int32_t have = seqs_[i]->reserved_length(layer);
     if (have != request.expected_lengths[i]) {
       const std::string field =
-          request.expected_length_is_scalar ? "expected_length" : fmt::format("expected_lengths[{}]", i);
+          request.scalar_fields ? "expected_length" : fmt::format("expected_lengths[{}]", i);
       return Status(StatusCode::kFailedPrecondition,
                     fmt::format("{}: expected sequence {} to hold {} tokens in layer {}, received a sequence holding {}",
                                 field, request.ids[i], request.expected_lengths[i], layer, have));
@@ -186,8 +189,11 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
     }
   }
   if (*needed > static_cast<int64_t>(free_list_.size())) {
-    return ResourceExhausted("cache: expected at most {} free blocks to be needed, request needs {}",
-                             free_list_.size(), *needed);
+    // The tenant's quota allowed it, so the rest of the pool is held, maybe by
+    // other tenants: quotas may add up to more than the cache.
+    return ResourceExhausted("cache: expected a request needing at most the {} free blocks of {}, received one "
+                             "needing {} (the rest are held; tenants' quotas may add up to more than the cache)",
+                             free_list_.size(), geometry_.num_blocks, *needed);
   }
 
   Reservation::Part part;
@@ -385,7 +391,7 @@ StatusOr<int32_t> CacheManager::append(BackendStream& stream, SequenceId id, int
   request.ids = ids;
   request.new_tokens_each = num_tokens;
   if (expected_length) request.expected_lengths = expected;
-  request.expected_length_is_scalar = true;
+  request.scalar_fields = true;
   PAGODA_RETURN_IF_ERROR(reserve(r, request));
   const KvSource source{k, v, dtype};
   PAGODA_RETURN_IF_ERROR(finish(r, stream, std::span<const KvSource>(&source, 1)));

@@ -112,7 +112,7 @@ StatusOr<SequenceId> CacheManager::import_rows(BackendStream& stream, const Impo
     reserve_request.whole_sequence = true;
     if (request.into != 0) {
       reserve_request.expected_lengths = request.expected_lengths.subspan(l, 1);
-      reserve_request.expected_length_is_scalar = false;
+      reserve_request.scalar_fields = false;
     }
     bool reserved = false;
     for (; next < request.rows.size() && request.rows[next].layer == layer; ++next) {

@@ -17,6 +17,8 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include "auth/constant_time.h"
+
 namespace pagoda {
 namespace {
 
@@ -80,7 +82,8 @@ class Metrics::MaxAbsDiffCollectable : public prometheus::Collectable {
 
 Metrics::Metrics(const MetricsOptions& options)
     : registry_(std::make_shared<prometheus::Registry>()),
-      max_abs_diff_(std::make_shared<MaxAbsDiffCollectable>(options.determinism_window)) {
+      max_abs_diff_(std::make_shared<MaxAbsDiffCollectable>(options.determinism_window)),
+      tenant_labels_(options.tenant_labels) {
   using prometheus::BuildCounter;
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
@@ -228,6 +231,14 @@ StatusOr<std::unique_ptr<Metrics>> Metrics::create(const MetricsOptions& options
   } catch (const std::exception& e) {
     return Unavailable("metrics_address: cannot listen on '{}': {}", options.address, e.what());
   }
+  if (!options.auth_user.empty()) {
+    // Compared in full whatever matches, as the gRPC tokens are.
+    metrics->exposer_->RegisterAuth(
+        [user = options.auth_user, password = options.auth_password](const std::string& u, const std::string& p) {
+          return static_cast<bool>(equal_in_constant_time(u, user) & equal_in_constant_time(p, password));
+        },
+        "pagoda");
+  }
   metrics->exposer_->RegisterCollectable(metrics->registry_);
   metrics->exposer_->RegisterCollectable(metrics->max_abs_diff_);
   const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
@@ -322,6 +333,7 @@ Metrics::TenantSeries& Metrics::tenant_series(uint32_t id, std::string_view name
 }
 
 void Metrics::add_tenant_request(uint32_t id, const std::function<std::string()>& name) {
+  if (!tenant_labels_) return;
   prometheus::Counter* counter = nullptr;
   {
     std::lock_guard lock(tenant_mutex_);
@@ -337,6 +349,7 @@ void Metrics::add_tenant_request(uint32_t id, const std::function<std::string()>
 }
 
 void Metrics::set_tenant_usage(uint32_t id, std::string_view name, int64_t blocks, int64_t sequences) {
+  if (!tenant_labels_) return;
   std::lock_guard lock(tenant_mutex_);
   TenantSeries& s = tenant_series(id, name);
   s.blocks->Set(static_cast<double>(blocks));

@@ -55,6 +55,12 @@ struct MetricsOptions {
   // Layers with a pagoda_kv_saturated_total{layer} series (an fp8 cache's: all
   // of them, from 0); 0: the family has none.
   int32_t kv_saturation_layers = 0;
+  // Series labelled with tenant names and usage (pagoda_tenant_*,
+  // `--metrics-tenant-labels`); off, those families stay empty.
+  bool tenant_labels = false;
+  // HTTP basic auth on /metrics (`--metrics-auth`); empty user: none.
+  std::string auth_user;
+  std::string auth_password;
 };
 
 struct BuildInfo {
@@ -101,7 +107,8 @@ class Metrics {
   void observe_snapshot(bool restore, double seconds, int64_t bytes, int64_t failures);
   // One authenticated call of tenant `id` (named `name`), in
   // pagoda_tenant_requests_total{tenant}; tenants come from the tokens file, so
-  // the label set is bounded by it.
+  // the label set is bounded by it. Both tenant calls do nothing unless
+  // MetricsOptions::tenant_labels.
   // `name` is asked for only the first time a tenant is seen (its series are
   // kept by id, so a call costs a lookup and an increment).
   void add_tenant_request(uint32_t id, const std::function<std::string()>& name);
@@ -183,6 +190,7 @@ class Metrics {
   uint64_t summary_errors_ = 0;
   std::vector<double> summary_decode_buckets_;  // [latency buckets + 1], not cumulative
 
+  const bool tenant_labels_;
   std::unique_ptr<prometheus::Exposer> exposer_;  // last: stops serving before the rest goes
   int port_ = 0;
 };

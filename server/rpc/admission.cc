@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "rpc/cache_range.h"
 #include "rpc/decode_response.h"
 
 namespace pagoda {
@@ -48,7 +49,11 @@ Status admit_decode(const v1::DecodeRequest& request, int64_t wire_bytes, const 
                     DecodeWork& work, v1::DecodeResponse& response, const TensorSources& sources) {
   PAGODA_RETURN_IF_ERROR(check_message_size(wire_bytes, settings));
   PAGODA_RETURN_IF_ERROR(decode_request(request, settings.geometry, settings.max_batch, work, sources));
-  if (work.k != nullptr) PAGODA_RETURN_IF_ERROR(check_request_tokens("k", work.rows, settings));
+  if (work.k != nullptr) {
+    PAGODA_RETURN_IF_ERROR(check_request_tokens("k", work.rows, settings));
+    PAGODA_RETURN_IF_ERROR(check_cache_range(work.k, work.v, work.kv_dtype, work.rows, settings.geometry,
+                                             settings.kv_scale(work.layer)));
+  }
   const CacheGeometry& g = settings.geometry;
   std::byte* out = nullptr;
   std::byte* lse = nullptr;
@@ -79,7 +84,9 @@ Status admit_append(const v1::AppendKVRequest& request, int64_t wire_bytes, cons
                     AppendWork& work, const TensorSources& sources) {
   PAGODA_RETURN_IF_ERROR(check_message_size(wire_bytes, settings));
   PAGODA_RETURN_IF_ERROR(decode_request(request, settings.geometry, work, sources));
-  return check_request_tokens("k", work.num_tokens, settings);
+  PAGODA_RETURN_IF_ERROR(check_request_tokens("k", work.num_tokens, settings));
+  return check_cache_range(work.k, work.v, work.dtype, work.num_tokens, settings.geometry,
+                           settings.kv_scale(work.layer));
 }
 
 Status admit_create(const v1::CreateSequenceRequest& request, const ServiceSettings& settings) {

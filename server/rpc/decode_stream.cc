@@ -14,6 +14,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 
 #include <fmt/format.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -29,8 +31,14 @@ namespace pagoda {
 
 class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  DecodeStreamCall(DecodeAttentionService& service, const grpc::CallbackServerContext& ctx, TenantId tenant)
-      : service_(service), deadline_(ctx.deadline()), tenant_(tenant) {
+  // `auth_generation`: the authenticator's generation read before `tenant` was found.
+  DecodeStreamCall(DecodeAttentionService& service, const grpc::CallbackServerContext& ctx, TenantId tenant,
+                   uint64_t auth_generation)
+      : service_(service),
+        deadline_(ctx.deadline()),
+        authorization_(DecodeAttentionService::authorization_of(ctx)),
+        auth_generation_(auth_generation),
+        tenant_(tenant) {
     service_.register_stream(this);
     start_read();
   }
@@ -80,6 +88,7 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
     slot->raw.Clear();
     Engine& engine = service_.engine();
     Status status = refuse ? draining_status() : framed;
+    if (status.ok()) status = still_authenticated();
     if (status.ok()) {
       engine.note_arriving();
       status = admit_decode(slot->request, wire_bytes, service_.settings(), slot->work, slot->response,
@@ -132,6 +141,22 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
 
  private:
   size_t max_pending() const { return static_cast<size_t>(service_.settings().max_stream_in_flight); }
+
+  // The stream's token checked again once the tokens were reloaded (SIGHUP):
+  // a revoked one fails every later request UNAUTHENTICATED, each counted. A
+  // refused stream keeps checking, so a token put back works again.
+  Status still_authenticated() {
+    const Authenticator& auth = service_.auth();
+    if (!auth.enabled()) return Status::Ok();
+    const uint64_t generation = auth.generation();
+    if (generation == auth_generation_ && auth_status_.ok()) return Status::Ok();
+    auth_generation_ = generation;
+    StatusOr<TenantId> tenant =
+        service_.tenant_for(authorization_ ? std::optional<std::string_view>(*authorization_) : std::nullopt);
+    auth_status_ = tenant.status();
+    if (tenant.ok()) tenant_ = *tenant;
+    return auth_status_;
+  }
 
   struct Slot final : public WorkDone {
     DecodeStreamCall* call = nullptr;
@@ -246,7 +271,11 @@ class DecodeStreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
   bool draining_ = false;
   bool finished_ = false;
   Status framing_error_;  // a message that did not parse: the stream's final status
-  const TenantId tenant_;  // every request of the stream acts for it
+  // Read and written by OnReadDone only (reads are one at a time).
+  const std::optional<std::string> authorization_;  // the stream's metadata, kept for a re-check
+  uint64_t auth_generation_;                        // the tokens it was last checked against
+  Status auth_status_;                              // that check's outcome
+  TenantId tenant_;                                 // every request of the stream acts for it
 };
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeAttentionService::DecodeStream(
@@ -261,9 +290,10 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeAttentionServ
     void OnDone() override { delete this; }
   };
   if (draining()) return new Refused(*this, draining_status());
+  const uint64_t auth_generation = auth_.generation();  // before the check: a reload after it is seen
   StatusOr<TenantId> tenant = tenant_of(*ctx);
   if (!tenant.ok()) return new Refused(*this, tenant.status());
-  return new DecodeStreamCall(*this, *ctx, *tenant);
+  return new DecodeStreamCall(*this, *ctx, *tenant, auth_generation);
 }
 
 void DecodeAttentionService::register_stream(DecodeStreamCall* call) {

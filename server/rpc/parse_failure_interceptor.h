@@ -3,8 +3,12 @@
 // UNIMPLEMENTED with no message, as if the method did not exist. This server
 // interceptor notes the failed parse and turns that answer into
 // INVALID_ARGUMENT naming the method and the message type, logged once per
-// call. (DecodeStream parses its messages itself: decode_stream.cc.)
+// call. A read that failed because the deadline passed (or the client
+// cancelled) while the message was arriving is DEADLINE_EXCEEDED instead, and
+// logged at debug only: its bytes were fine. (DecodeStream parses its messages
+// itself: decode_stream.cc.)
 
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/server_interceptor.h>
 
 namespace pagoda {

@@ -195,9 +195,17 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
   if (r.sliding_window() < 0) {
     return InvalidArgument("sliding_window: expected >= 0 (0: none), received {}", r.sliding_window());
   }
+  // The kernels compute s' = (cap*log2(e)) * tanh(s * (1/cap)) in fp32. Past
+  // about 2.36e38 cap*log2(e) is inf (outputs off by ~1, LSE inf); past 2^126,
+  // s/cap is subnormal for |s| < cap*2^-126 and its rounding moves a logit by
+  // more than 2^-24. A cap that large changes no logit anyway (cap*tanh(s/cap)
+  // equals s in fp32 for any |s| below ~1e19), so larger ones are refused.
+  constexpr float kMaxSoftCap = 0x1p126f;
   const float cap = r.logits_soft_cap();
-  if (!std::isfinite(cap) || cap < 0.f) {
-    return InvalidArgument("logits_soft_cap: expected a finite value >= 0 (0: none), received {}", cap);
+  if (!std::isfinite(cap) || cap < 0.f || cap > kMaxSoftCap) {
+    return InvalidArgument("logits_soft_cap: expected a value in [0, {}] (0: none; at most 2^126, past which fp32 "
+                           "cannot compute cap*tanh(s/cap)), received {}",
+                           kMaxSoftCap, cap);
   }
   work.sinks = nullptr;
   if (r.has_sinks()) {

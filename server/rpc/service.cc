@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "rpc/admission.h"
+#include "rpc/cache_range.h"
 #include "rpc/decode_response.h"
 #include "rpc/grpc_status.h"
 
@@ -127,10 +128,14 @@ void DecodeAttentionService::observe_call(RpcMethod method, EngineClock::time_po
   }
   metrics_.observe_rpc(method, code, seconds);
   if (status.ok()) return;
+  // Anyone can fail authentication as fast as they can send: those lines are rate-limited.
+  int64_t dropped = 0;
+  if (status.code() == StatusCode::kUnauthenticated && !auth_failure_log_.allow(&dropped)) return;
   // The caller's mistakes (and refusals while draining) are warnings; the server's own failures are errors.
   const bool server_fault = status.code() == StatusCode::kInternal;
-  spdlog::log(server_fault ? spdlog::level::err : spdlog::level::warn, "{} {}{}failed: {} {}", rpc_method_name(method),
-              what, what.empty() ? "" : " ", grpc_code_name(code), status.message());
+  spdlog::log(server_fault ? spdlog::level::err : spdlog::level::warn, "{} {}{}failed: {} {}{}", rpc_method_name(method),
+              what, what.empty() ? "" : " ", grpc_code_name(code), status.message(),
+              dropped > 0 ? fmt::format(" ({} more failed authentications not logged)", dropped) : "");
 }
 
 grpc::ServerUnaryReactor* DecodeAttentionService::finish_unary(grpc::CallbackServerContext* ctx, RpcMethod method,
@@ -158,6 +163,14 @@ StatusOr<TenantId> DecodeAttentionService::admit_call(const grpc::CallbackServer
   return tenant_of(ctx);
 }
 
+std::optional<std::string> DecodeAttentionService::authorization_of(const grpc::CallbackServerContext& ctx) {
+  const auto& metadata = ctx.client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    return std::string(it->second.data(), it->second.size());
+  }
+  return std::nullopt;
+}
+
 StatusOr<TenantId> DecodeAttentionService::tenant_of(const grpc::CallbackServerContext& ctx) {
   if (!auth_.enabled()) return kDefaultTenant;
   std::optional<std::string_view> header;
@@ -165,6 +178,10 @@ StatusOr<TenantId> DecodeAttentionService::tenant_of(const grpc::CallbackServerC
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
     header = std::string_view(it->second.data(), it->second.size());
   }
+  return tenant_for(header);
+}
+
+StatusOr<TenantId> DecodeAttentionService::tenant_for(std::optional<std::string_view> header) {
   auto who = auth_.authenticate(header);
   if (auto* tenant = std::get_if<TenantId>(&who)) {
     metrics_.add_tenant_request(*tenant, [&] { return auth_.tenant_name(*tenant); });

@@ -14,6 +14,7 @@
 #include "auth/authenticator.h"
 #include "cache/cache_manager.h"
 #include "engine/engine.h"
+#include "observability/log_rate_limit.h"
 #include "observability/metrics.h"
 #include "pagoda/backend.h"
 #include "pagoda/v1/decode_attention.grpc.pb.h"
@@ -113,6 +114,10 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   StatusOr<TenantId> tenant_of(const grpc::CallbackServerContext& ctx);
   // What every handler asks first: UNAVAILABLE while draining, else the tenant.
   StatusOr<TenantId> admit_call(const grpc::CallbackServerContext& ctx);
+  // The same for an `authorization` value kept by an open stream (nullopt: none sent).
+  StatusOr<TenantId> tenant_for(std::optional<std::string_view> header);
+  // The call's `authorization` metadata, nullopt when it sent none.
+  static std::optional<std::string> authorization_of(const grpc::CallbackServerContext& ctx);
 
   // One finished call (a DecodeStream response counts as one): its duration since
   // `received` by method and code, and an error line when it failed. `what` names
@@ -140,6 +145,8 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_calls_{0};
   std::atomic<int64_t> refused_while_draining_{0};
+  // Failed authentications: logged at most 5 a second (the metric counts every one).
+  LogRateLimit auth_failure_log_{5, std::chrono::seconds(1)};
   std::mutex streams_mu_;
   std::unordered_set<DecodeStreamCall*> streams_;
   std::mutex transfer_mu_;

@@ -3,7 +3,9 @@
 // reports. Plain values, no gRPC: the fuzzers build them too.
 
 #include <cstdint>
+#include <vector>
 
+#include "pagoda/backend.h"
 #include "pagoda/paged_kv.h"
 #include "pagoda/split_plan.h"
 
@@ -25,6 +27,11 @@ struct ServiceSettings {
   bool tls = false;                // reported in GetConfig
   int64_t max_sequences = 0;       // enforced by the cache manager; reported here
   int64_t max_sequence_tokens = 0; // enforced by the cache manager; reported here
+  std::vector<KvScale> kv_scales;  // [num_layers] K/V scales (empty: 1.0): the range a 16-bit cache holds
+
+  KvScale kv_scale(int32_t layer) const {
+    return kv_scales.empty() ? KvScale{} : kv_scales[static_cast<size_t>(layer)];
+  }
 };
 
 }  // namespace pagoda

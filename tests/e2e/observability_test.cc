@@ -26,6 +26,7 @@
 
 #include "cache/cache_manager.h"
 #include "engine/determinism_checker.h"
+#include "capture_sink.h"
 #include "e2e_fixture.h"
 #include "engine/engine.h"
 #include "scrape.h"
@@ -36,27 +37,6 @@ namespace {
 using testing::Exposition;
 using testing::LabelSet;
 
-// Keeps every formatted log line (the formatter is the server's: JSON here).
-class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  std::vector<std::string> lines() {
-    std::lock_guard<std::mutex> lock(this->mutex_);
-    return lines_;
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    spdlog::memory_buf_t buf;
-    this->formatter_->format(msg, buf);
-    std::string line(buf.data(), buf.size());
-    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
-    lines_.push_back(std::move(line));
-  }
-  void flush_() override {}
-
- private:
-  std::vector<std::string> lines_;
-};
 
 // A flat JSON object of string and number values, as the JSON log format writes:
 // {"time":"...","level":"info","thread":123,"msg":"..."}. Returns key -> raw value.

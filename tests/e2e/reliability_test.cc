@@ -146,6 +146,36 @@ TEST_F(ReliabilityTest, AnOversizedStreamMessageIsAnsweredAloneAndTheStreamCarri
   EXPECT_EQ(unary.error_code(), grpc::RESOURCE_EXHAUSTED);
 }
 
+// Past twice the limit too (gRPC's own receive limit once was 2x and ended
+// the stream): answered alone, and the stream carries on.
+TEST_F(ReliabilityTest, AStreamMessagePastTwiceTheLimitIsAnsweredAloneToo) {
+  const uint64_t id = make_sequence(60);
+  v1::DecodeRequest huge = session_.decode_request(0, {id}, random_q(100), random_kv(100), random_kv(100));
+  huge.add_q_lengths(100);
+  huge.set_request_id(1);
+  ASSERT_GT(huge.ByteSizeLong(), 4u * (64u << 10));
+  v1::DecodeRequest small = session_.decode_request(0, {id}, random_q(1));
+  small.set_request_id(2);
+  RawStream stream(server_->port());
+  ASSERT_TRUE(stream.write(serialized(huge)));
+  ASSERT_TRUE(stream.write(serialized(small)));
+  stream.writes_done();
+  v1::DecodeResponse r;
+  ASSERT_TRUE(stream.read(r)) << "the stream ended at the oversized message";
+  EXPECT_EQ(r.request_id(), 1u);
+  EXPECT_EQ(r.error().code(), grpc::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(r.error().message(), fmt::format("request: expected at most 65536 bytes (--max-message-bytes), "
+                                             "received {}",
+                                             huge.ByteSizeLong()));
+  ASSERT_TRUE(stream.read(r));
+  EXPECT_EQ(r.request_id(), 2u);
+  EXPECT_FALSE(r.has_error());
+  EXPECT_TRUE(stream.finish().ok());
+  v1::GetSequenceResponse info;
+  ASSERT_TRUE(session_.get(id, info).ok());
+  EXPECT_EQ(info.layer_lengths(0), 60) << "the refused request appended";
+}
+
 // Sixteen clients call in a loop (append-and-decode, or GetSequence); the server drains under them.
 // Every call ends OK or UNAVAILABLE, and each sequence grew by exactly its OK calls.
 TEST_F(ReliabilityTest, ADrainUnderLoadAnswersOkOrUnavailableNeverCancelled) {

@@ -80,6 +80,7 @@ class SecurityTest : public ::testing::Test {
                         "\n"
                         "b token-of-b max_blocks=8   # a comment\n");
     c.auth_tokens = tokens_.string();
+    c.metrics_tenant_labels = true;  // the quota test reads the per-tenant series
     if (tls) {
       const fs::path dir = Certificates::get().dir;
       c.tls_cert = (dir / "server.pem").string();

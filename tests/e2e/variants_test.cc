@@ -97,6 +97,26 @@ TEST_F(VariantTest, Gemma2LikeLayerWindow4096SoftCap50) {
   decode_variant(1, ids, {}, 4096, 50.f, {}, /*append=*/false);
 }
 
+// The kernels take 1/cap and cap*log2(e) in fp32 (request_decoding.cc says why
+// 2^126 is the bound): a cap of 2^126 computes like the reference, a larger one
+// (2.4e38 made cap*log2(e) inf: outputs off by 1, LSE inf) is refused.
+TEST_F(VariantTest, ASoftCapUpTo2To126ComputesExactlyAndALargerOneIsRefused) {
+  const uint64_t a = make_sequence(40);
+  decode_variant(0, {a}, {}, 0, 0x1p126f, {}, false);
+  decode_variant(0, {a}, {}, 0, 1e30f, {}, true);
+  v1::DecodeRequest r = session_.decode_request(0, {a}, random_q(1), random_kv(1), random_kv(1));
+  r.set_logits_soft_cap(2.4e38f);
+  v1::DecodeResponse resp;
+  grpc::ClientContext ctx;
+  const grpc::Status s = stub_->Decode(&ctx, r, &resp);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "logits_soft_cap: expected a value in [0, 8.507059e+37] (0: none; at most 2^126, "
+                               "past which fp32 cannot compute cap*tanh(s/cap)), received 2.4e+38");
+  v1::GetSequenceResponse info;
+  ASSERT_TRUE(session_.get(a, info).ok());
+  EXPECT_EQ(info.layer_lengths(0), 41) << "the refused request appended";
+}
+
 TEST_F(VariantTest, GptOssLikeLayerWindow128AndSinks) {
   const std::vector<uint64_t> ids{make_sequence(700), make_sequence(90), make_sequence(0)};
   const auto sinks = random_sinks();

@@ -6,7 +6,9 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -14,7 +16,23 @@
 
 namespace pagoda::testing {
 
-HttpReply http_get_loopback(int port, const std::string& path) {
+namespace {
+
+std::string base64(const std::string& in) {
+  static constexpr char kDigits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < in.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, in.size() - i);
+    uint32_t bits = 0;
+    for (size_t j = 0; j < 3; ++j) bits = bits << 8 | (j < n ? static_cast<uint8_t>(in[i + j]) : 0u);
+    for (size_t j = 0; j < 4; ++j) out += j <= n ? kDigits[(bits >> (18 - 6 * j)) & 63] : '=';
+  }
+  return out;
+}
+
+}  // namespace
+
+HttpReply http_get_loopback(int port, const std::string& path, const std::string& basic_auth) {
   HttpReply reply;
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) {
@@ -33,7 +51,8 @@ HttpReply http_get_loopback(int port, const std::string& path) {
     ::close(fd);
     return reply;
   }
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  const std::string auth = basic_auth.empty() ? "" : "Authorization: Basic " + base64(basic_auth) + "\r\n";
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n" + auth + "\r\n";
   if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
     reply.error = std::string("send: ") + std::strerror(errno);
     ::close(fd);

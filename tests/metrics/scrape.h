@@ -15,8 +15,9 @@ struct HttpReply {
   std::string error;  // why status is 0
 };
 
-// GET http://127.0.0.1:PORT/PATH with HTTP/1.0 (the server closes after the body).
-HttpReply http_get_loopback(int port, const std::string& path);
+// GET http://127.0.0.1:PORT/PATH with HTTP/1.0 (the server closes after the body);
+// `basic_auth` "USER:PASSWORD" sends it as HTTP basic auth (empty: none).
+HttpReply http_get_loopback(int port, const std::string& path, const std::string& basic_auth = "");
 
 using LabelSet = std::map<std::string, std::string>;
 

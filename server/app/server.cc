@@ -197,8 +197,7 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   }
   if (restoring) {
     s->server_->GetHealthCheckService()->SetServingStatus(false);
-    restore_snapshot_sequences(s->snapshot_parts());
-    s->cache_gauges_->publish();
+    restore_snapshot_sequences(s->snapshot_parts());  // the cache reports what it restored
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->address_ = with_port(raw.listen, s->port_);

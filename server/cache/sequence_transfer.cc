@@ -106,6 +106,7 @@ StatusOr<SequenceId> CacheManager::import_rows(BackendStream& stream, const Impo
   for (size_t l = 0; l < layers; ++l) {
     const auto layer = static_cast<int32_t>(l);
     begin(layer, true, reservations[l]);
+    Status status;
     ReserveRequest reserve_request;
     reserve_request.tenant = request.tenant;
     reserve_request.ids = ids;

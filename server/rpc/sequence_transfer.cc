@@ -157,7 +157,6 @@ class ImportCall final : public grpc::ServerReadReactor<v1::SequenceChunk> {
     PAGODA_RETURN_IF_ERROR(id.status());
     response_.set_sequence_id(*id);
     response_.mutable_layer_lengths()->Add(lengths.begin(), lengths.end());
-    service_.cache_gauges().publish();
     spdlog::debug("ImportSequence sequence_id={} from source {} ({} bytes){}", *id,
                   assembler_.header().source_sequence_id(), assembler_.bytes(), request.into != 0 ? " (a stage)" : "");
     return Status::Ok();

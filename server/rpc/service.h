@@ -98,7 +98,6 @@ class DecodeAttentionService final : public DecodeAttentionBase {
   const ServiceSettings& settings() const { return settings_; }
   CacheManager& cache() { return cache_; }
   Backend& backend() { return backend_; }
-  CacheGauges& cache_gauges() { return cache_gauges_; }
   // A stream for an export's reads or an import's writes: an idle one, or a
   // new one (CUDA: RESOURCE_EXHAUSTED when the device has no room). Give it
   // back when done so the next call reuses it.

@@ -30,6 +30,7 @@ PY
 "$tmp/venv/bin/python" "$root/tests/client/python_client_test.py"
 PAGODA_INSTALLED=1 "$tmp/venv/bin/python" "$root/tests/client/python_security_test.py" "$server_bin"
 PAGODA_INSTALLED=1 "$tmp/venv/bin/python" "$root/tests/client/python_sharded_test.py" "$server_bin"
+PAGODA_INSTALLED=1 "$tmp/venv/bin/python" "$root/tests/client/python_shm_test.py" "$server_bin"
 
 port="$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 "$server_bin" --listen "127.0.0.1:$port" --metrics-address "" --log-level warn >"$tmp/server.log" 2>&1 &
@@ -48,4 +49,4 @@ while True:
         time.sleep(0.1)
 PY
 "$tmp/venv/bin/python" "$root/client/python/examples/llama_decode.py" --server "127.0.0.1:$port" --tokens 24 \
-  --vocab 2048
+  --vocab 2048 --micro-batches 2

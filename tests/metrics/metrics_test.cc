@@ -130,7 +130,8 @@ TEST_F(MetricsScrapeTest, EveryMethodHasAnOkSeriesFromTheStart) {
   }
   EXPECT_EQ(methods, (std::set<std::string>{"GetConfig", "CreateSequence", "AppendKV", "Decode",
                                             "DecodeStream", "ForkSequence", "FreeSequence",
-                                            "GetSequence", "TruncateSequence", "ExportSequence",
+                                            "GetSequence", "TruncateSequence", "RegisterSharedMemory",
+                                            "UnregisterSharedMemory", "GetSharedMemoryStatus", "ExportSequence",
                                             "ImportSequence"}));
 }
 

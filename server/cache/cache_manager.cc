@@ -97,20 +97,7 @@ SequenceId CacheManager::create(std::string label) {
 }
 
 StatusOr<SequenceId> CacheManager::create_for(TenantId tenant, std::string label) {
-  ChangeNotice notice(*this);
-  std::lock_guard lock(mu_);
-  PAGODA_RETURN_IF_ERROR(check_sequence_quota(tenant));
-  const SequenceId id = ids_.next();
-  ++usage_of(tenant).sequences;
-  const auto layers = static_cast<size_t>(geometry_.num_layers);
-  Sequence s;
-  s.tenant = tenant;
-  s.label = std::move(label);
-  s.lengths.assign(layers, 0);
-  s.pending.assign(layers, -1);
-  sequences_.emplace(id, std::move(s));
-  notice.arm();
-  return id;
+  return add_sequence(tenant, std::move(label), 0);
 }
 
 StatusOr<SequenceId> CacheManager::fork(SequenceId source, TenantId tenant) {

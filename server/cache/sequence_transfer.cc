@@ -60,6 +60,7 @@ Status CacheManager::cut(SequenceId id, std::optional<TenantId> tenant, Sequence
 }
 
 StatusOr<SequenceId> CacheManager::add_sequence(TenantId tenant, std::string label, SequenceId id) {
+  ChangeNotice notice(*this);
   std::lock_guard lock(mu_);
   PAGODA_RETURN_IF_ERROR(check_sequence_quota(tenant));
   if (id == 0) {
@@ -75,6 +76,7 @@ StatusOr<SequenceId> CacheManager::add_sequence(TenantId tenant, std::string lab
   s.lengths.assign(layers, 0);
   s.pending.assign(layers, -1);
   sequences_.emplace(id, std::move(s));
+  notice.arm();
   return id;
 }
 

@@ -553,46 +553,16 @@ class PagodaClient:
                         dtype=None, request_id=0, q_lengths=None, sliding_window=0, logits_soft_cap=0.0,
                         sinks=None, expected_lengths=None, out=None, lse_out=None):
         cfg = self.config()
-        if isinstance(q, ShmTensor):
-            req = self._shm_decode_request(layer, sequence_ids, q, k, v, scale, return_lse, request_id, q_lengths,
-                                           sliding_window, logits_soft_cap, sinks, expected_lengths)
-        else:
-            req = self._array_decode_request(layer, sequence_ids, q, k, v, scale, return_lse, dtype, request_id,
-                                             q_lengths, sliding_window, logits_soft_cap, sinks, expected_lengths)
-        if out is not None:
-            req.output_shm.CopyFrom(self._shm_ref(out))
-        if lse_out is not None:
-            req.lse_shm.CopyFrom(self._shm_ref(lse_out))
-        return req
-
-    def _shm_decode_request(self, layer, sequence_ids, q, k, v, scale, return_lse, request_id, q_lengths,
-                            sliding_window, logits_soft_cap, sinks, expected_lengths):
-        """q, k, v in shared memory, already in their wire dtype and shape."""
-        cfg = self.config()
-        req = self.pb.DecodeRequest(layer=layer, sequence_ids=list(sequence_ids), q=self._tensor(q, None),
-                                    scale=scale, return_lse=return_lse, request_id=request_id,
-                                    q_lengths=list(q_lengths or []), sliding_window=sliding_window,
-                                    logits_soft_cap=logits_soft_cap,
-                                    expected_lengths=list(expected_lengths or []))
-        if sinks is not None:
-            req.sinks.CopyFrom(self._tensor(_tensors.shaped(sinks, (cfg.num_q_heads,)), "fp32"))
-        if (k is None) != (v is None):
-            raise ValueError("k, v: expected both or neither")
-        if k is not None:
-            req.k.CopyFrom(self._tensor(k, None))
-            req.v.CopyFrom(self._tensor(v, None))
-        return req
-
-    def _array_decode_request(self, layer, sequence_ids, q, k=None, v=None, scale=0.0, return_lse=False,
-                              dtype=None, request_id=0, q_lengths=None, sliding_window=0, logits_soft_cap=0.0,
-                              sinks=None, expected_lengths=None):
-        cfg = self.config()
         if q_lengths is not None and len(q_lengths) != len(sequence_ids):
             raise ValueError(f"q_lengths: expected {len(sequence_ids)} entries (one per sequence), "
                              f"received {len(q_lengths)}")
+        if (k is None) != (v is None):
+            raise ValueError("k, v: expected both or neither")
         rows = _rows(sequence_ids, q_lengths)
-        dtype = _tensors.follow_dtype(q, dtype)
-        q = _tensors.shaped(q, (rows, cfg.num_q_heads, cfg.head_dim))
+        shm = isinstance(q, ShmTensor)  # then q, k, v lie in a region, already in their wire dtype and shape
+        if not shm:
+            dtype = _tensors.follow_dtype(q, dtype)
+            q = _tensors.shaped(q, (rows, cfg.num_q_heads, cfg.head_dim))
         req = self.pb.DecodeRequest(layer=layer, sequence_ids=list(sequence_ids), q=self._tensor(q, dtype),
                                     scale=scale, return_lse=return_lse, request_id=request_id,
                                     q_lengths=list(q_lengths or []), sliding_window=sliding_window,
@@ -600,31 +570,30 @@ class PagodaClient:
                                     expected_lengths=list(expected_lengths or []))
         if sinks is not None:
             req.sinks.CopyFrom(self._tensor(_tensors.shaped(sinks, (cfg.num_q_heads,)), "fp32"))
-        if (k is None) != (v is None):
-            raise ValueError("k, v: expected both or neither")
         if k is not None:
             shape = (rows, cfg.num_kv_heads, cfg.head_dim)
-            req.k.CopyFrom(self._tensor(_tensors.shaped(k, shape), dtype))
-            req.v.CopyFrom(self._tensor(_tensors.shaped(v, shape), dtype))
+            req.k.CopyFrom(self._tensor(k if shm else _tensors.shaped(k, shape), dtype))
+            req.v.CopyFrom(self._tensor(v if shm else _tensors.shaped(v, shape), dtype))
+        if out is not None:
+            req.output_shm.CopyFrom(self._shm_ref(out))
+        if lse_out is not None:
+            req.lse_shm.CopyFrom(self._shm_ref(lse_out))
         return req
 
     def _result(self, resp, rows: int, like=None) -> DecodeResult:
         cfg = self.config()
         lse = None
-        if resp.output.HasField("shm"):  # written into our region: views, no copy
+        shm_out = resp.output.HasField("shm")  # written into our region: views, no copy
+        if shm_out:
             out = self._shm_view(resp.output)
-            if resp.HasField("lse"):
-                lse = self._shm_view(resp.lse) if resp.lse.HasField("shm") else decode_tensor(
-                    resp.lse.data, FLOAT32, (rows, cfg.num_q_heads), "lse")
-            return DecodeResult(resp.request_id, out, lse, list(resp.lengths), list(resp.splits),
-                                resp.split_tokens, resp.deterministic,
-                                {"queue_us": resp.timing.queue_us, "compute_us": resp.timing.compute_us,
-                                 "total_us": resp.timing.total_us})
-        out = decode_tensor(resp.output.data, resp.output.dtype, (rows, cfg.num_q_heads, cfg.head_dim), "output")
-        if resp.HasField("lse") and resp.lse.data:
-            lse = decode_tensor(resp.lse.data, FLOAT32, (rows, cfg.num_q_heads), "lse")
-        elif resp.HasField("lse") and resp.lse.HasField("shm"):
+        else:
+            out = decode_tensor(resp.output.data, resp.output.dtype, (rows, cfg.num_q_heads, cfg.head_dim), "output")
+        if resp.HasField("lse") and resp.lse.HasField("shm"):
             lse = self._shm_view(resp.lse)
+        elif resp.HasField("lse") and resp.lse.data:
+            lse = decode_tensor(resp.lse.data, FLOAT32, (rows, cfg.num_q_heads), "lse")
+        if shm_out:
+            like = None  # the region's view is the result, in the dtype it was asked in
         if isinstance(like, np.ndarray) and like.dtype == np.float16:
             out = out.astype(np.float16)  # numpy in fp16, out fp16 (the wire carried fp16)
         if _tensors.is_torch(like):

@@ -72,68 +72,9 @@ void PagodaServer::apply_tenant_limits() {
   }
 }
 
-StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfig& config) {
-  std::unique_ptr<PagodaServer> s(new PagodaServer());
-  s->config_ = config;
+// What the service admits requests against, from the settings.
+ServiceSettings service_settings(const EffectiveConfig& config) {
   const ServerConfig& raw = config.raw;
-
-  BackendOptions options;
-  options.kind = raw.backend;
-  options.geometry = config.geometry;
-  options.cpu_threads = raw.threads;
-  options.max_batch = raw.max_batch;
-  options.kv_scales = config.kv_scales;
-  StatusOr<std::unique_ptr<Backend>> backend = make_backend(options);
-  PAGODA_RETURN_IF_ERROR(backend.status());
-  s->backend_ = std::move(*backend);
-
-  // After the backend: settings it rejects fail before any port is bound.
-  MetricsOptions metrics;
-  metrics.address = raw.metrics_address;
-  if (is_fp8(config.geometry.dtype)) metrics.kv_saturation_layers = config.geometry.num_layers;
-  metrics.tenant_labels = raw.metrics_tenant_labels;
-  metrics.auth_user = config.metrics_auth.user;
-  metrics.auth_password = config.metrics_auth.password;
-  StatusOr<std::unique_ptr<Metrics>> created = Metrics::create(metrics);
-  PAGODA_RETURN_IF_ERROR(created.status());
-  s->metrics_ = std::move(*created);
-  if (s->metrics_->port() > 0) s->metrics_address_ = with_port(raw.metrics_address, s->metrics_->port());
-  s->cache_ = std::make_unique<CacheManager>(s->backend_->geometry());
-  s->cache_->set_max_request_blocks(config.max_request_blocks);
-  s->cache_->set_max_sequences(raw.max_sequences);
-  s->cache_->set_max_sequence_tokens(raw.max_sequence_tokens);
-  s->cache_->set_saturation_observer(
-      [m = s->metrics_.get()](int32_t layer, int64_t elements) { m->add_kv_saturated(layer, elements); });
-  s->metrics_->set_build_info({PAGODA_VERSION, s->backend_->name(), s->backend_->device_name()});
-  // The cache reports its changes; the gauges listen.
-  s->cache_gauges_ = std::make_unique<CacheGauges>(*s->cache_, *s->metrics_);
-  s->cache_->set_change_listener([g = s->cache_gauges_.get()] { g->publish(); });
-  s->cache_gauges_->publish();
-
-  DeterminismCheckerOptions checks;
-  checks.sample_rate = raw.determinism_sample_rate;
-  checks.mode = config.mode;
-  checks.split_tokens = raw.split_tokens;
-  std::unique_ptr<BackendStream> check_stream;
-  if (checks.sample_rate > 0) {
-    StatusOr<std::unique_ptr<BackendStream>> stream = s->backend_->open_stream();
-    PAGODA_RETURN_IF_ERROR(stream.status());
-    check_stream = std::move(*stream);
-  }
-  s->checker_ = std::make_unique<DeterminismChecker>(std::move(check_stream), *s->cache_, *s->metrics_,
-                                                     checks);
-
-  EngineOptions engine;
-  engine.max_batch = raw.max_batch;
-  engine.max_batch_wait_us = raw.max_batch_wait_us;
-  engine.mode = config.mode;
-  engine.split_tokens = raw.split_tokens;
-  EngineObservers observers;
-  observers.metrics = s->metrics_.get();
-  observers.checker = s->checker_.get();
-  StatusOr<std::unique_ptr<Engine>> created_engine = Engine::create(*s->backend_, *s->cache_, engine, observers);
-  PAGODA_RETURN_IF_ERROR(created_engine.status());
-  s->engine_ = std::move(*created_engine);
   ServiceSettings settings;
   settings.geometry = config.geometry;
   settings.mode = config.mode;
@@ -150,31 +91,109 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   settings.max_sequences = raw.max_sequences;
   settings.max_sequence_tokens = raw.max_sequence_tokens;
   settings.kv_scales = config.kv_scales;
+  return settings;
+}
+
+// The backend first, then the metrics: settings either rejects fail before
+// any port is bound.
+Status PagodaServer::open_backend_and_metrics() {
+  const ServerConfig& raw = config_.raw;
+  BackendOptions options;
+  options.kind = raw.backend;
+  options.geometry = config_.geometry;
+  options.cpu_threads = raw.threads;
+  options.max_batch = raw.max_batch;
+  options.kv_scales = config_.kv_scales;
+  StatusOr<std::unique_ptr<Backend>> backend = make_backend(options);
+  PAGODA_RETURN_IF_ERROR(backend.status());
+  backend_ = std::move(*backend);
+  MetricsOptions metrics;
+  metrics.address = raw.metrics_address;
+  if (is_fp8(config_.geometry.dtype)) metrics.kv_saturation_layers = config_.geometry.num_layers;
+  metrics.tenant_labels = raw.metrics_tenant_labels;
+  metrics.auth_user = config_.metrics_auth.user;
+  metrics.auth_password = config_.metrics_auth.password;
+  StatusOr<std::unique_ptr<Metrics>> created = Metrics::create(metrics);
+  PAGODA_RETURN_IF_ERROR(created.status());
+  metrics_ = std::move(*created);
+  if (metrics_->port() > 0) metrics_address_ = with_port(raw.metrics_address, metrics_->port());
+  metrics_->set_build_info({PAGODA_VERSION, backend_->name(), backend_->device_name()});
+  return Status::Ok();
+}
+
+// The cache and what listens to it: the gauges (its change listener) and the
+// fp8 saturation counter.
+void PagodaServer::open_cache() {
+  const ServerConfig& raw = config_.raw;
+  cache_ = std::make_unique<CacheManager>(backend_->geometry());
+  cache_->set_max_request_blocks(config_.max_request_blocks);
+  cache_->set_max_sequences(raw.max_sequences);
+  cache_->set_max_sequence_tokens(raw.max_sequence_tokens);
+  cache_->set_saturation_observer(
+      [m = metrics_.get()](int32_t layer, int64_t elements) { m->add_kv_saturated(layer, elements); });
+  cache_gauges_ = std::make_unique<CacheGauges>(*cache_, *metrics_);
+  cache_->set_change_listener([g = cache_gauges_.get()] { g->publish(); });
+  cache_gauges_->publish();
+}
+
+// The determinism checker (its own stream when it samples) and the engine.
+Status PagodaServer::open_engine() {
+  const ServerConfig& raw = config_.raw;
+  DeterminismCheckerOptions checks;
+  checks.sample_rate = raw.determinism_sample_rate;
+  checks.mode = config_.mode;
+  checks.split_tokens = raw.split_tokens;
+  std::unique_ptr<BackendStream> check_stream;
+  if (checks.sample_rate > 0) {
+    StatusOr<std::unique_ptr<BackendStream>> stream = backend_->open_stream();
+    PAGODA_RETURN_IF_ERROR(stream.status());
+    check_stream = std::move(*stream);
+  }
+  checker_ = std::make_unique<DeterminismChecker>(std::move(check_stream), *cache_, *metrics_, checks);
+  EngineOptions engine;
+  engine.max_batch = raw.max_batch;
+  engine.max_batch_wait_us = raw.max_batch_wait_us;
+  engine.mode = config_.mode;
+  engine.split_tokens = raw.split_tokens;
+  EngineObservers observers;
+  observers.metrics = metrics_.get();
+  observers.checker = checker_.get();
+  StatusOr<std::unique_ptr<Engine>> created = Engine::create(*backend_, *cache_, engine, observers);
+  PAGODA_RETURN_IF_ERROR(created.status());
+  engine_ = std::move(*created);
+  return Status::Ok();
+}
+
+// Tokens (and the tenants' quotas), shared-memory regions, the service.
+Status PagodaServer::open_service() {
+  const ServerConfig& raw = config_.raw;
   if (raw.auth_tokens.empty()) {
-    s->auth_ = std::make_unique<Authenticator>();
+    auth_ = std::make_unique<Authenticator>();
   } else {
     StatusOr<std::unique_ptr<Authenticator>> auth =
         Authenticator::from_file(raw.auth_tokens, {raw.tenant_max_blocks, raw.tenant_max_sequences});
-    if (!auth.ok()) {
-      s->engine_->stop();
-      return auth.status();
-    }
-    s->auth_ = std::move(*auth);
+    PAGODA_RETURN_IF_ERROR(auth.status());
+    auth_ = std::move(*auth);
   }
-  s->apply_tenant_limits();
-  s->shm_ = std::make_unique<SharedMemoryRegistry>(raw.allow_shared_memory);
-  const bool restoring = !raw.snapshot_dir.empty() && restore_snapshot_ids(s->snapshot_parts());
-  s->service_ = std::make_unique<DecodeAttentionService>(settings, *s->backend_, *s->cache_, *s->engine_,
-                                                         *s->metrics_, *s->auth_, *s->shm_);
+  apply_tenant_limits();
+  shm_ = std::make_unique<SharedMemoryRegistry>(raw.allow_shared_memory);
+  service_ = std::make_unique<DecodeAttentionService>(service_settings(config_), *backend_, *cache_, *engine_,
+                                                      *metrics_, *auth_, *shm_);
+  return Status::Ok();
+}
 
+// The gRPC server: health, reflection (not under auth), the service, the
+// parse-failure interceptor and the message limits, bound to --listen.
+Status PagodaServer::open_grpc() {
+  const ServerConfig& raw = config_.raw;
   // Both process-wide switches must be set before the builder is created.
   // Reflection answers without a token, so it is served only when auth is off.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  if (s->auth_->enabled()) builder.SetOption(std::make_unique<WithoutReflection>());
-  builder.AddListeningPort(raw.listen, server_credentials(config.tls), &s->port_);
-  builder.RegisterService(s->service_.get());
+  if (auth_->enabled()) builder.SetOption(std::make_unique<WithoutReflection>());
+  builder.AddListeningPort(raw.listen, server_credentials(config_.tls), &port_);
+  builder.RegisterService(service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<ParseFailureInterceptorFactory>());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -185,15 +204,30 @@ StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfi
   // message while it is refused.
   builder.SetMaxReceiveMessageSize(INT32_MAX);
   builder.SetMaxSendMessageSize(static_cast<int>(raw.max_message_bytes));
-  s->server_ = builder.BuildAndStart();
-  if (!s->server_ || s->port_ == 0) {
+  server_ = builder.BuildAndStart();
+  if (server_ && port_ != 0) return Status::Ok();
+  if (config_.tls.enabled()) {
+    return Unavailable("--listen, --tls-cert, --tls-key: expected an address this process can bind and a key "
+                       "that matches its certificate, received '{}', '{}', '{}'", raw.listen, raw.tls_cert,
+                       raw.tls_key);
+  }
+  return Unavailable("--listen: expected an address this process can bind, received '{}'", raw.listen);
+}
+
+StatusOr<std::unique_ptr<PagodaServer>> PagodaServer::start(const EffectiveConfig& config) {
+  std::unique_ptr<PagodaServer> s(new PagodaServer());
+  s->config_ = config;
+  const ServerConfig& raw = config.raw;
+  PAGODA_RETURN_IF_ERROR(s->open_backend_and_metrics());
+  s->open_cache();
+  PAGODA_RETURN_IF_ERROR(s->open_engine());
+  Status status = s->open_service();
+  // A snapshot's id state is taken before any id is handed out.
+  const bool restoring = status.ok() && !raw.snapshot_dir.empty() && restore_snapshot_ids(s->snapshot_parts());
+  if (status.ok()) status = s->open_grpc();
+  if (!status.ok()) {
     s->engine_->stop();
-    if (config.tls.enabled()) {
-      return Unavailable("--listen, --tls-cert, --tls-key: expected an address this process can bind and a key "
-                         "that matches its certificate, received '{}', '{}', '{}'", raw.listen, raw.tls_cert,
-                         raw.tls_key);
-    }
-    return Unavailable("--listen: expected an address this process can bind, received '{}'", raw.listen);
+    return status;
   }
   if (restoring) {
     s->server_->GetHealthCheckService()->SetServingStatus(false);

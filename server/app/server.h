@@ -63,6 +63,12 @@ class PagodaServer {
 
  private:
   PagodaServer() = default;
+  // The steps of start(), in order (server.cc says what each opens).
+  Status open_backend_and_metrics();
+  void open_cache();
+  Status open_engine();
+  Status open_service();
+  Status open_grpc();
   // The cache's quota of every tenant: the tokens file's, else the --tenant-max-* defaults.
   void apply_tenant_limits();
   // What the --snapshot-dir steps (snapshot_steps.h) act on.

@@ -277,6 +277,10 @@ class CacheManager {
   Sequence* find(SequenceId id, TenantId tenant);  // the caller's only
   bool needs_copy(const Sequence& s, int32_t index, int32_t copies_planned) const;
   StatusOr<int64_t> blocks_needed(Reservation& r, std::span<Sequence* const> seqs, const ReserveRequest& request);
+  // The steps of reserve(), under mu_ (reservation.cc).
+  Status check_sequences(const Reservation& r, const ReserveRequest& request);
+  Status check_blocks(const ReserveRequest& request, int64_t needed);
+  void claim(Reservation& r, const ReserveRequest& request);
   int32_t allocate_block(TenantId owner);
   TenantUsage& usage_of(TenantId tenant);
   const TenantLimits* limits_of(TenantId tenant) const;

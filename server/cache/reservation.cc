@@ -123,19 +123,11 @@ void CacheManager::pin_range(Reservation& r, const Sequence& s, int32_t length) 
   r.block_indptr_.push_back(static_cast<int32_t>(r.block_ids_.size()));
 }
 
-Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
-  assert(r.owner_ == this);
-  assert(request.expected_lengths.empty() || request.expected_lengths.size() == request.ids.size());
+// Under mu_: the request's sequences into seqs_ (the caller's tenant's only),
+// then what their lengths must allow: expected lengths, --max-sequence-tokens,
+// and no more query rows than tokens.
+Status CacheManager::check_sequences(const Reservation& r, const ReserveRequest& request) {
   const int32_t layer = r.layer_;
-  const int32_t bs = geometry_.block_size;
-  for (size_t i = 0; i < request.ids.size(); ++i) {
-    if (request.tokens_of(i) < 0) {
-      return InvalidArgument("new tokens of sequence_ids[{}]: expected >= 0, received {}", i, request.tokens_of(i));
-    }
-    assert(request.tokens_of(i) == 0 || r.writer_.owns_lock());
-  }
-
-  std::lock_guard lock(mu_);
   seqs_.clear();
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < request.ids.size(); ++i) {
@@ -174,28 +166,40 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
                              rows);
     }
   }
-  StatusOr<int64_t> needed = blocks_needed(r, seqs_, request);
-  PAGODA_RETURN_IF_ERROR(needed.status());
-  if (max_request_blocks_ > 0 && !request.whole_sequence && *needed > max_request_blocks_) {
+  return Status::Ok();
+}
+
+// Under mu_: whether `needed` new blocks fit --max-request-blocks, the
+// tenant's quota and the free list.
+Status CacheManager::check_blocks(const ReserveRequest& request, int64_t needed) {
+  if (max_request_blocks_ > 0 && !request.whole_sequence && needed > max_request_blocks_) {
     return ResourceExhausted("request: expected at most {} new blocks per request (--max-request-blocks), needs {}",
-                             max_request_blocks_, *needed);
+                             max_request_blocks_, needed);
   }
-  if (const TenantLimits* l = limits_of(request.tenant); l != nullptr && l->max_blocks > 0 && *needed > 0) {
+  if (const TenantLimits* l = limits_of(request.tenant); l != nullptr && l->max_blocks > 0 && needed > 0) {
     const int64_t held = usage_of(request.tenant).blocks;
-    if (held + *needed > l->max_blocks) {
+    if (held + needed > l->max_blocks) {
       return ResourceExhausted("tenant '{}': expected at most {} blocks (its max_blocks quota), it holds {} and "
                                "the request needs {} more",
-                               l->name, l->max_blocks, held, *needed);
+                               l->name, l->max_blocks, held, needed);
     }
   }
-  if (*needed > static_cast<int64_t>(free_list_.size())) {
+  if (needed > static_cast<int64_t>(free_list_.size())) {
     // The tenant's quota allowed it, so the rest of the pool is held, maybe by
     // other tenants: quotas may add up to more than the cache.
     return ResourceExhausted("cache: expected a request needing at most the {} free blocks of {}, received one "
                              "needing {} (the rest are held; tenants' quotas may add up to more than the cache)",
-                             free_list_.size(), geometry_.num_blocks, *needed);
+                             free_list_.size(), geometry_.num_blocks, needed);
   }
+  return Status::Ok();
+}
 
+// Under mu_, once everything was checked: the new blocks, the copy-on-write
+// copies and the slots of seqs_' new tokens, their pending lengths, and pins
+// on everything they will read; one more part of `r`.
+void CacheManager::claim(Reservation& r, const ReserveRequest& request) {
+  const int32_t layer = r.layer_;
+  const int32_t bs = geometry_.block_size;
   Reservation::Part part;
   part.first_sequence = r.batch();
   part.first_slot = static_cast<int32_t>(r.slots_.size());
@@ -232,6 +236,23 @@ Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
   part.end_sequence = r.batch();
   part.end_slot = static_cast<int32_t>(r.slots_.size());
   r.parts_.push_back(part);
+}
+
+Status CacheManager::reserve(Reservation& r, const ReserveRequest& request) {
+  assert(r.owner_ == this);
+  assert(request.expected_lengths.empty() || request.expected_lengths.size() == request.ids.size());
+  for (size_t i = 0; i < request.ids.size(); ++i) {
+    if (request.tokens_of(i) < 0) {
+      return InvalidArgument("new tokens of sequence_ids[{}]: expected >= 0, received {}", i, request.tokens_of(i));
+    }
+    assert(request.tokens_of(i) == 0 || r.writer_.owns_lock());
+  }
+  std::lock_guard lock(mu_);
+  PAGODA_RETURN_IF_ERROR(check_sequences(r, request));
+  StatusOr<int64_t> needed = blocks_needed(r, seqs_, request);
+  PAGODA_RETURN_IF_ERROR(needed.status());
+  PAGODA_RETURN_IF_ERROR(check_blocks(request, *needed));
+  claim(r, request);
   return Status::Ok();
 }
 

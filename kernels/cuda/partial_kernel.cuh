@@ -97,6 +97,71 @@ __device__ __forceinline__ void add_key(SoftmaxStats<float>& st, float (&acc)[8]
   for (int e = 0; e < 8; ++e) acc[e] += w * v[e];
 }
 
+// This thread's query heads' q (its 8 elements of each of nh heads, times the
+// launch's q factor) and zeroed accumulators; head slots past nh hold 0.
+template <int kHB, int D>
+__device__ __forceinline__ void load_q(const PartialParams& p, int64_t q_row0, int nh, int lane, float (&q)[kHB][8],
+                                       float (&acc)[kHB][8]) {
+#pragma unroll
+  for (int j = 0; j < kHB; ++j) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      q[j][e] = j < nh ? load_as_float(p.q, p.q_dtype, (q_row0 + j) * D + lane * 8 + e) * p.q_scale : 0.f;
+      acc[j][e] = 0.f;
+    }
+  }
+}
+
+// Merges the token slices of each head group in slice order through shared
+// memory, then token slice 0 stores the states of partial rows row0 + j. All
+// copies were waited for (wait_group 0) and a barrier passed, so the scratch
+// may alias the pipeline's buffers. Every thread of the CTA calls it.
+template <typename C, int kHB, int D>
+__device__ __forceinline__ void merge_slices_and_store(unsigned char* smem, bool active, int slice, int token_slice,
+                                                       int token_slices, int lane, int nh,
+                                                       SoftmaxStats<float> (&st)[kHB], float (&acc)[kHB][8],
+                                                       const PartialStates& out, int64_t row0) {
+  float* s_acc = reinterpret_cast<float*>(smem);  // [kSlices][kHB][D]
+  float* s_m = s_acc + C::kScratchAccFloats;      // [kSlices][kHB]
+  float* s_l = s_m + C::kScratchStatFloats;       // [kSlices][kHB]
+  if (active && token_slice > 0) {
+#pragma unroll
+    for (int j = 0; j < kHB; ++j) {
+      if (j >= nh) continue;
+      float* dst = s_acc + (slice * kHB + j) * D + lane * 8;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = acc[j][e];
+      if (lane == 0) {
+        s_m[slice * kHB + j] = st[j].m;
+        s_l[slice * kHB + j] = st[j].l;
+      }
+    }
+  }
+  __syncthreads();
+  if (!active || token_slice != 0) return;
+  for (int other = 1; other < token_slices; ++other) {
+    const int os = slice + other;
+#pragma unroll
+    for (int j = 0; j < kHB; ++j) {
+      if (j >= nh) continue;
+      const SoftmaxStats<float> o{s_m[os * kHB + j], s_l[os * kHB + j]};
+      merge_into(st[j], acc[j], o, s_acc + (os * kHB + j) * D + lane * 8, 8);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kHB; ++j) {
+    if (j >= nh) continue;
+    const int64_t row = row0 + j;
+    float4* dst = reinterpret_cast<float4*>(out.acc + row * D + lane * 8);
+    dst[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    dst[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+    if (lane == 0) {
+      out.m[row] = st[j].m;
+      out.l[row] = st[j].l;
+    }
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) {
   using C = PartialConfig<T, D>;
@@ -200,16 +265,7 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
         SoftmaxStats<float> st[kHB];
         const int64_t q_row0 =
             static_cast<int64_t>(first_row + pos) * g.num_q_heads + kv_head * group + head0;
-  #pragma unroll
-        for (int j = 0; j < kHB; ++j) {
-  #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            q[j][e] = j < nh ? load_as_float(p.q, p.q_dtype, (q_row0 + j) * D + lane * 8 + e) *
-                                   p.q_scale
-                             : 0.f;
-            acc[j][e] = 0.f;
-          }
-        }
+        load_q<kHB, D>(p, q_row0, nh, lane, q, acc);
 
         int32_t next_blocks[kCopies];  // block ids of the next tile to load
         fetch_blocks(begin, next_blocks);
@@ -279,50 +335,9 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
           __syncthreads();  // the stage is overwritten by the next iteration's copies
         }
 
-        // Merge the token slices of each head group in slice order. All copies were
-        // waited for (wait_group 0) and a barrier passed, so the scratch may alias
-        // the pipeline's buffers.
-        float* s_acc = reinterpret_cast<float*>(smem);  // [kSlices][kHB][D]
-        float* s_m = s_acc + C::kScratchAccFloats;      // [kSlices][kHB]
-        float* s_l = s_m + C::kScratchStatFloats;       // [kSlices][kHB]
-        if (active && token_slice > 0) {
-  #pragma unroll
-          for (int j = 0; j < kHB; ++j) {
-            if (j >= nh) continue;
-            float* dst = s_acc + (slice * kHB + j) * D + lane * 8;
-  #pragma unroll
-            for (int e = 0; e < 8; ++e) dst[e] = acc[j][e];
-            if (lane == 0) {
-              s_m[slice * kHB + j] = st[j].m;
-              s_l[slice * kHB + j] = st[j].l;
-            }
-          }
-        }
-        __syncthreads();
-        if (active && token_slice == 0) {
-          for (int other = 1; other < layout.token_slices; ++other) {
-            const int os = slice + other;
-  #pragma unroll
-            for (int j = 0; j < kHB; ++j) {
-              if (j >= nh) continue;
-              const SoftmaxStats<float> o{s_m[os * kHB + j], s_l[os * kHB + j]};
-              merge_into(st[j], acc[j], o, s_acc + (os * kHB + j) * D + lane * 8, 8);
-            }
-          }
-  #pragma unroll
-          for (int j = 0; j < kHB; ++j) {
-            if (j >= nh) continue;
-            const int64_t row = seq_partial + static_cast<int64_t>(pos) * g.num_q_heads +
-                                kv_head * group + head0 + j;
-            float4* dst = reinterpret_cast<float4*>(p.partials.acc + row * D + lane * 8);
-            dst[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-            dst[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
-            if (lane == 0) {
-              p.partials.m[row] = st[j].m;
-              p.partials.l[row] = st[j].l;
-            }
-          }
-        }
+        const int64_t row0 = seq_partial + static_cast<int64_t>(pos) * g.num_q_heads + kv_head * group + head0;
+        merge_slices_and_store<C, kHB, D>(smem, active, slice, token_slice, layout.token_slices, lane, nh, st, acc,
+                                          p.partials, row0);
         __syncthreads();  // the next pass or row reuses the shared memory
       }
     }

@@ -109,7 +109,7 @@ TEST(DecodePlan, ItemsCoverTheChunksTheRowsAttendWithAStatePerRowAndHead) {
 TEST(DecodePlan, DeterministicChunksIgnoreTheWorkerCountFastChunksDoNot) {
   Batch batch;
   batch.lengths = {4000, 4000};
-  batch.tables = {blocks(0, 250), blocks(300, 250)};
+  batch.tables = {blocks(0, 1000), blocks(1000, 1000)};  // blocks of 4 tokens
   DecodeLaunch l = batch.launch(64);
   DecodePlan plan;
   plan.build(l, geometry(4), {}, {1});

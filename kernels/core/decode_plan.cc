@@ -71,7 +71,7 @@ void DecodePlan::build(const DecodeLaunch& launch, const CacheGeometry& g, KvSca
     for (int32_t h = 0; h < g.num_q_heads; ++h) sinks_log2_.push_back(static_cast<float>(launch.sinks[h] * kLog2e));
   }
 
-  plan_items(launch, g, options.share_chunks);
+  plan_items(launch, g, options);
 }
 
 bool DecodePlan::same_chunk_blocks(const DecodeLaunch& launch, int32_t block_size, int32_t a, int32_t b,
@@ -83,7 +83,9 @@ bool DecodePlan::same_chunk_blocks(const DecodeLaunch& launch, int32_t block_siz
   return std::equal(ba, ba + per_chunk, bb);
 }
 
-void DecodePlan::plan_items(const DecodeLaunch& launch, const CacheGeometry& g, bool share) {
+void DecodePlan::plan_items(const DecodeLaunch& launch, const CacheGeometry& g, const PlanOptions& options) {
+  const bool share = options.share_chunks;
+  const auto min_members = static_cast<size_t>(std::max(2, options.min_shared_members));
   const BatchBlockTables& t = launch.tables;
   const int32_t batch = t.batch;
   const int32_t bs = g.block_size;
@@ -125,7 +127,7 @@ void DecodePlan::plan_items(const DecodeLaunch& launch, const CacheGeometry& g, 
              same_chunk_blocks(launch, bs, candidates_[i].seq, candidates_[j].seq, candidates_[i].chunk)) {
         ++j;
       }
-      if (j - i >= 2) {
+      if (j - i >= min_members) {
         const auto group = static_cast<int32_t>(groups_.size());
         PlanItem item;
         item.chunk = candidates_[i].chunk;

@@ -166,6 +166,10 @@ TEST(DecodePlan, PartialChunksLoneSequencesAndDivergedBlocksAreNotShared) {
   plan.build(diverged.launch(), geometry(), {}, {});
   EXPECT_EQ(describe(plan), "0:0|1:0");
 
+  // A backend may ask for bigger groups: two sequences then read their chunk each.
+  plan.build(batch.launch(), geometry(), {}, {1, true, 3});
+  EXPECT_EQ(describe(plan), "0:0|0:1|1:0|1:1");
+
   Batch alone;
   alone.tables = {blocks(0, 64)};
   alone.lengths = {1024};

@@ -64,6 +64,9 @@ struct PlanItem {
 struct PlanOptions {
   int32_t num_workers = 1;    // threads or resident CTAs the fast split balances over
   bool share_chunks = true;   // group sequences with identical whole chunks
+  // Fewest sequences a shared item has: a smaller group is planned unshared
+  // (a backend whose shared tasks cost more than the reads they save sets it).
+  int32_t min_shared_members = 2;
 };
 
 class DecodePlan {
@@ -106,7 +109,7 @@ class DecodePlan {
     int32_t chunk;
     int32_t seq;
   };
-  void plan_items(const DecodeLaunch& launch, const CacheGeometry& g, bool share);
+  void plan_items(const DecodeLaunch& launch, const CacheGeometry& g, const PlanOptions& options);
   bool same_chunk_blocks(const DecodeLaunch& launch, int32_t block_size, int32_t a, int32_t b, int32_t chunk) const;
 
   int32_t chunk_tokens_ = 0;

@@ -26,7 +26,7 @@ compile_packages=(
   cmake ninja-build g++ make pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev prometheus-cpp-dev
-  libhwy-dev libtbb-dev libcli11-dev
+  libhwy-dev libtbb-dev libcli11-dev libxxhash-dev
 )
 check_packages=(prometheus yamllint shellcheck curl)
 image_packages=(podman runc debootstrap curl)

@@ -71,7 +71,8 @@ std::vector<VariantCase> variant_table() {
   std::vector<VariantCase> cases;
   for (int32_t bs : {1, 16})
     for (int32_t gqa : {1, 4})
-      for (DType cache : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) cases.push_back({bs, gqa, cache});
+      for (DType cache : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3, DType::kFloat8E5M2})
+        cases.push_back({bs, gqa, cache});
   return cases;
 }
 

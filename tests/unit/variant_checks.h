@@ -23,7 +23,7 @@ struct VariantCase {
 std::string to_string(const VariantCase& c);
 void PrintTo(const VariantCase& c, std::ostream* os);
 
-// block size {1, 16} x group {1, 4} x cache dtype {fp32, fp16, bf16}.
+// block size {1, 16} x group {1, 4} x every cache dtype (fp32, fp16, bf16, fp8 e4m3 and e5m2).
 std::vector<VariantCase> variant_table();
 
 // q_len {1, 2, 5, 16} x window {0, 1, 17, 600} x soft-cap {0, 30} x sinks

@@ -6,9 +6,6 @@ freed; a client appending all along loses no token (the last stage runs under
 hold); rebalance moves exactly the sequences whose ring owner changed.
 
 Usage: python_migrate_test.py PAGODA_SERVER"""
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -17,49 +14,23 @@ import unittest
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-if not os.environ.get("PAGODA_INSTALLED"):
-    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-import pagoda  # noqa: E402
+from local_servers import generate_stubs, pagoda, start_server, stop_servers
 from pagoda.sharded import HashRing, SequenceRef  # noqa: E402
 
 SERVER = None
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Migrate(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.TemporaryDirectory()
-        if not os.environ.get("PAGODA_INSTALLED"):
-            subprocess.run(["sh", os.path.join(ROOT, "client", "python", "generate_stubs.sh"),
-                            os.path.join(cls.dir.name, "stubs")], check=True, capture_output=True)
-            os.environ["PAGODA_PY_STUBS"] = os.path.join(cls.dir.name, "stubs")
+        generate_stubs(cls.dir.name)
         cls.servers, cls.endpoints = [], []
         for block_size in (16, 32, 16, 8):
-            endpoint = f"127.0.0.1:{free_port()}"
-            cls.servers.append(subprocess.Popen(
-                [SERVER, "--listen", endpoint, "--metrics-address", "", "--log-level", "warn",
-                 "--cache-bytes", str(32 << 20), "--block-size", str(block_size), "--split-tokens", "64",
-                 "--cache-dtype", "fp32"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            proc, endpoint = start_server(SERVER, ["--block-size", str(block_size), "--split-tokens", "64",
+                                                   "--cache-dtype", "fp32"])
+            cls.servers.append(proc)
             cls.endpoints.append(endpoint)
-        for endpoint in cls.endpoints:
-            deadline = time.time() + 20
-            while True:
-                try:
-                    pagoda.PagodaClient(endpoint, timeout=1).health()
-                    break
-                except pagoda.PagodaError:
-                    if time.time() > deadline:
-                        raise
-                    time.sleep(0.1)
         cls.clients = [pagoda.PagodaClient(e) for e in cls.endpoints]
         cls.cfg = cls.clients[0].config()
 
@@ -67,9 +38,7 @@ class Migrate(unittest.TestCase):
     def tearDownClass(cls):
         for c in cls.clients:
             c.close()
-        for s in cls.servers:
-            s.terminate()
-            s.wait(10)
+        stop_servers(cls.servers)
         cls.dir.cleanup()
 
     def kv(self, rng, n):

@@ -6,9 +6,6 @@ rounding); the hash ring moves few keys when a pod is added; a pod that is
 down is UNAVAILABLE naming its endpoint, not a hang.
 
 Usage: python_sharded_test.py PAGODA_SERVER"""
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -16,54 +13,27 @@ import unittest
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-if not os.environ.get("PAGODA_INSTALLED"):
-    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-import pagoda  # noqa: E402
+from local_servers import free_port, generate_stubs, pagoda, start_server, stop_servers
 
 SERVER = None
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Sharded(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.TemporaryDirectory()
-        if not os.environ.get("PAGODA_INSTALLED"):
-            subprocess.run(["sh", os.path.join(ROOT, "client", "python", "generate_stubs.sh"),
-                            os.path.join(cls.dir.name, "stubs")], check=True, capture_output=True)
-            os.environ["PAGODA_PY_STUBS"] = os.path.join(cls.dir.name, "stubs")
+        generate_stubs(cls.dir.name)
         cls.servers, cls.endpoints = [], []
         for _ in range(4):  # three pods and one reference server
-            endpoint = f"127.0.0.1:{free_port()}"
-            cls.servers.append(subprocess.Popen(
-                [SERVER, "--listen", endpoint, "--metrics-address", "", "--log-level", "warn",
-                 "--cache-bytes", str(32 << 20)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            proc, endpoint = start_server(SERVER)
+            cls.servers.append(proc)
             cls.endpoints.append(endpoint)
-        for endpoint in cls.endpoints:
-            deadline = time.time() + 20
-            while True:
-                try:
-                    pagoda.PagodaClient(endpoint, timeout=1).health()
-                    break
-                except pagoda.PagodaError:
-                    if time.time() > deadline:
-                        raise
-                    time.sleep(0.1)
         cls.pods, cls.reference = cls.endpoints[:3], pagoda.PagodaClient(cls.endpoints[3])
         cls.cfg = cls.reference.config()
 
     @classmethod
     def tearDownClass(cls):
-        for s in cls.servers:
-            s.terminate()
-            s.wait(10)
+        stop_servers(cls.servers)
         cls.dir.cleanup()
 
     def kv(self, rng, n):

@@ -7,56 +7,24 @@ regions are refused naming them; a server without the flag says which flag.
 
 Usage: python_shm_test.py PAGODA_SERVER"""
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-if not os.environ.get("PAGODA_INSTALLED"):
-    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-import pagoda  # noqa: E402
+from local_servers import generate_stubs, pagoda, start_server, stop_servers
 
 SERVER = None
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(extra):
-    endpoint = f"127.0.0.1:{free_port()}"
-    proc = subprocess.Popen([SERVER, "--listen", endpoint, "--metrics-address", "", "--log-level", "warn",
-                             "--cache-bytes", str(32 << 20)] + extra,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 20
-    while True:
-        try:
-            pagoda.PagodaClient(endpoint, timeout=1).health()
-            return proc, endpoint
-        except pagoda.PagodaError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 class SharedMemory(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.TemporaryDirectory()
-        if not os.environ.get("PAGODA_INSTALLED"):
-            subprocess.run(["sh", os.path.join(ROOT, "client", "python", "generate_stubs.sh"),
-                            os.path.join(cls.dir.name, "stubs")], check=True, capture_output=True)
-            os.environ["PAGODA_PY_STUBS"] = os.path.join(cls.dir.name, "stubs")
-        cls.proc, cls.endpoint = start(["--allow-shared-memory"])
-        cls.off_proc, cls.off_endpoint = start([])
+        generate_stubs(cls.dir.name)
+        cls.proc, cls.endpoint = start_server(SERVER, ["--allow-shared-memory"])
+        cls.off_proc, cls.off_endpoint = start_server(SERVER)
         cls.c = pagoda.PagodaClient(cls.endpoint)
         cls.cfg = cls.c.config()
         cls.region = pagoda.SharedMemoryRegion(f"/pagoda-py-{os.getpid()}", 4 << 20)
@@ -66,9 +34,7 @@ class SharedMemory(unittest.TestCase):
     def tearDownClass(cls):
         cls.region.close()
         cls.region.unlink()
-        for p in (cls.proc, cls.off_proc):
-            p.terminate()
-            p.wait(10)
+        stop_servers([cls.proc, cls.off_proc])
         cls.dir.cleanup()
 
     def kv(self, rng, n):

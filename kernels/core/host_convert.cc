@@ -1,7 +1,8 @@
-// Scalar conversions, for the client and the server's bookkeeping paths. The
-// CPU backend's hot paths convert in bulk with SIMD (cpu/convert_simd.h), with
-// the same rounding; tests check the two bit for bit.
+// The element conversions (the definitions every other path is held to), the
+// scalar bulk loops the SIMD dispatch falls back on, and the non-finite scan.
 #include "pagoda/host_convert.h"
+
+#include "core/convert_scalar.h"
 
 #include "pagoda/fp8.h"
 
@@ -67,7 +68,7 @@ uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-void convert_to_float(const void* src, DType from, float* dst, int64_t n) {
+void scalar_to_float(const void* src, DType from, float* dst, int64_t n) {
   const auto* s16 = static_cast<const uint16_t*>(src);
   switch (from) {
     case DType::kFloat32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
@@ -82,7 +83,7 @@ void convert_to_float(const void* src, DType from, float* dst, int64_t n) {
   }
 }
 
-void convert_from_float(const float* src, void* dst, DType to, int64_t n) {
+void scalar_from_float(const float* src, void* dst, DType to, int64_t n) {
   auto* d16 = static_cast<uint16_t*>(dst);
   switch (to) {
     case DType::kFloat32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
@@ -94,20 +95,6 @@ void convert_from_float(const float* src, void* dst, DType to, int64_t n) {
       for (int64_t i = 0; i < n; ++i) d8[i] = float_to_fp8(src[i], to).code;
       return;
     }
-  }
-}
-
-void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
-  if (from == to) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(from));
-    return;
-  }
-  if (from == DType::kFloat32) return convert_from_float(static_cast<const float*>(src), dst, to, n);
-  if (to == DType::kFloat32) return convert_to_float(src, from, static_cast<float*>(dst), n);
-  for (int64_t i = 0; i < n; ++i) {
-    float x;
-    convert_to_float(static_cast<const std::byte*>(src) + i * dtype_size(from), from, &x, 1);
-    convert_from_float(&x, static_cast<std::byte*>(dst) + i * dtype_size(to), to, 1);
   }
 }
 

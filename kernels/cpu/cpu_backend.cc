@@ -14,7 +14,7 @@
 #include <limits>
 #include <thread>
 
-#include "cpu/convert_simd.h"
+#include "pagoda/host_convert.h"
 #include "cpu/cpu_backend_impl.h"
 #include "cpu/decode_cpu.h"
 #include "pagoda/geometry_rules.h"
@@ -72,8 +72,8 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
         const std::byte* k = static_cast<const std::byte*>(w.k) + src * in_size;
         const std::byte* v = static_cast<const std::byte*>(w.v) + src * in_size;
         if (plain) {
-          convert_n(k, w.dtype, backend_.k_at(w.layer, block, h, slot), g.dtype, row);
-          convert_n(v, w.dtype, backend_.v_at(w.layer, block, h, slot), g.dtype, row);
+          convert(k, w.dtype, backend_.k_at(w.layer, block, h, slot), g.dtype, row);
+          convert(v, w.dtype, backend_.v_at(w.layer, block, h, slot), g.dtype, row);
         } else {
           saturated += store_scaled(k, w.dtype, scale.k, backend_.k_at(w.layer, block, h, slot), g.dtype, row);
           saturated += store_scaled(v, w.dtype, scale.v, backend_.v_at(w.layer, block, h, slot), g.dtype, row);

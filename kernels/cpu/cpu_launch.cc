@@ -10,7 +10,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "cpu/convert_simd.h"
+#include "pagoda/host_convert.h"
 #include "cpu/cpu_backend_impl.h"
 #include "cpu/decode_cpu.h"
 #include "pagoda/softmax_state.h"
@@ -59,7 +59,7 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
   const CacheGeometry& g = backend_.geometry();
   const int64_t q_elems = static_cast<int64_t>(launch.total_rows()) * g.num_q_heads * g.head_dim;
   q32_.resize(static_cast<size_t>(q_elems));
-  to_float(launch.q, launch.q_dtype, q32_.data(), q_elems);
+  convert_to_float(launch.q, launch.q_dtype, q32_.data(), q_elems);
   const float qscale = plan_.constants().q_scale * fp8_read_factor(g.dtype);
   for (float& x : q32_) x *= qscale;
 }
@@ -153,7 +153,7 @@ void CpuStream::merge_row(int64_t out_row, const DecodeLaunch& launch, DecodeOut
   const float inv = inverse_sum(st.l) * plan_.constants().out_scale * fp8_read_factor(g.dtype);
   for (int64_t e = 0; e < d; ++e) acc[e] *= inv;
   const int64_t out_row_bytes = d * static_cast<int64_t>(dtype_size(launch.q_dtype));
-  from_float(acc, static_cast<std::byte*>(out.out) + out_row * out_row_bytes, launch.q_dtype, d);
+  convert_from_float(acc, static_cast<std::byte*>(out.out) + out_row * out_row_bytes, launch.q_dtype, d);
   if (out.lse) out.lse[out_row] = natural_lse(st.m, st.l);
 }
 

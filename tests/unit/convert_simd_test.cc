@@ -1,7 +1,7 @@
-// The CPU backend's bulk conversions (kernels/cpu/convert_simd.h) against the
-// scalar definitions of pagoda/host_convert.h, bit for bit, on every SIMD
-// target the CPU has: all 2^16 fp16 codes in, a million fp32 bit patterns out
-// (specials, subnormals, ties and NaNs among them), every tail length.
+// The bulk conversions of pagoda/host_convert.h (SIMD, dispatched at run time)
+// against its element functions, bit for bit, on every SIMD target the CPU
+// has: all 2^16 fp16 codes in, a million fp32 bit patterns out (specials,
+// subnormals, ties and NaNs among them), every tail length and dtype pair.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/convert_simd.h"
 #include "cpu/decode_cpu.h"
+#include "pagoda/fp8.h"
 #include "pagoda/host_convert.h"
 
 namespace pagoda::cpu {
@@ -55,7 +55,7 @@ TEST_P(ConvertSimd, Fp16ToFloatGivesTheScalarBitsForEveryCode) {
   std::vector<uint16_t> codes(1 << 16);
   for (uint32_t c = 0; c < codes.size(); ++c) codes[c] = static_cast<uint16_t>(c);
   std::vector<float> got(codes.size());
-  fp16_to_float_n(codes.data(), got.data(), static_cast<int64_t>(codes.size()));
+  convert_to_float(codes.data(), DType::kFloat16, got.data(), static_cast<int64_t>(codes.size()));
   for (uint32_t c = 0; c < codes.size(); ++c) {
     ASSERT_EQ(bits_of(got[c]), bits_of(fp16_to_float(codes[c]))) << "code 0x" << std::hex << c << " on " << simd_target_name();
   }
@@ -64,27 +64,80 @@ TEST_P(ConvertSimd, Fp16ToFloatGivesTheScalarBitsForEveryCode) {
 TEST_P(ConvertSimd, FloatToFp16GivesTheScalarBitsForAMillionPatterns) {
   const std::vector<float> in = float_inputs();
   std::vector<uint16_t> got(in.size());
-  float_to_fp16_n(in.data(), got.data(), static_cast<int64_t>(in.size()));
+  convert_from_float(in.data(), got.data(), DType::kFloat16, static_cast<int64_t>(in.size()));
   for (size_t i = 0; i < in.size(); ++i) {
     ASSERT_EQ(got[i], float_to_fp16(in[i])) << "input 0x" << std::hex << bits_of(in[i]) << " on " << simd_target_name();
   }
 }
 
-// Every length up to four vectors: the SIMD body and its scalar tail meet
-// at every offset.
-TEST_P(ConvertSimd, EveryTailLengthAndEveryDtypePairMatchesTheScalarConvert) {
+// One element of `from` as fp32, and fp32 to `to`, by the element functions.
+float element_to_float(const uint8_t* p, DType from) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  switch (from) {
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, sizeof f);
+      return f;
+    }
+    case DType::kFloat16: return fp16_to_float(h);
+    case DType::kBFloat16: return bf16_to_float(h);
+    default: return fp8_to_float(*p, from);
+  }
+}
+void element_from_float(float f, uint8_t* p, DType to) {
+  uint16_t h = 0;
+  switch (to) {
+    case DType::kFloat32: std::memcpy(p, &f, sizeof f); return;
+    case DType::kFloat16: h = float_to_fp16(f); break;
+    case DType::kBFloat16: h = float_to_bf16(f); break;
+    default: *p = float_to_fp8(f, to).code; return;
+  }
+  std::memcpy(p, &h, sizeof h);
+}
+
+// Every length up to four vectors: the SIMD body and its scalar tail meet at
+// every offset. Each bulk path against the element functions one at a time.
+TEST_P(ConvertSimd, EveryTailLengthAndEveryDtypePairMatchesTheElementFunctions) {
   const std::vector<float> in = float_inputs();
-  for (DType from : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-    for (DType to : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+  for (const DTypeInfo& from_info : kDTypes) {
+    for (const DTypeInfo& to_info : kDTypes) {
+      const DType from = from_info.type, to = to_info.type;
+      const size_t fs = dtype_size(from), ts = dtype_size(to);
       for (int64_t n = 1; n <= 67; ++n) {
-        std::vector<uint8_t> src(static_cast<size_t>(n) * dtype_size(from));
-        convert(in.data() + n * 97, DType::kFloat32, src.data(), from, n);
-        std::vector<uint8_t> want(static_cast<size_t>(n) * dtype_size(to)), got(want.size());
-        convert(src.data(), from, want.data(), to, n);
-        convert_n(src.data(), from, got.data(), to, n);
+        std::vector<uint8_t> src(static_cast<size_t>(n) * fs);
+        for (int64_t i = 0; i < n; ++i) element_from_float(in[static_cast<size_t>(n * 97 + i)], &src[i * fs], from);
+        std::vector<uint8_t> want(static_cast<size_t>(n) * ts), got(want.size());
+        for (int64_t i = 0; i < n; ++i) element_from_float(element_to_float(&src[i * fs], from), &want[i * ts], to);
+        if (from == to) want = src;  // a copy: NaN codes keep their sign and payload
+        convert(src.data(), from, got.data(), to, n);
         ASSERT_EQ(got, want) << dtype_name(from) << " -> " << dtype_name(to) << ", n " << n << " on "
                              << simd_target_name();
       }
+    }
+  }
+}
+
+// store_scaled: the element functions on src / scale, and the saturation count.
+TEST_P(ConvertSimd, StoreScaledDividesThenRoundsAndCountsSaturation) {
+  const std::vector<float> in = float_inputs();
+  for (const DTypeInfo& to_info : kDTypes) {
+    const DType to = to_info.type;
+    const size_t ts = dtype_size(to);
+    const int64_t n = 1000;
+    const float scale = 0.37f;
+    std::vector<uint8_t> want(static_cast<size_t>(n) * ts), got(want.size());
+    int64_t want_saturated = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = in[static_cast<size_t>(i)] / scale;
+      element_from_float(x, &want[i * ts], to);
+      if (is_fp8(to)) want_saturated += float_to_fp8(x, to).saturated;
+    }
+    const int64_t saturated = store_scaled(in.data(), DType::kFloat32, scale, got.data(), to, n);
+    ASSERT_EQ(got, want) << dtype_name(to) << " on " << simd_target_name();
+    EXPECT_EQ(saturated, want_saturated) << dtype_name(to);
+    if (is_fp8(to)) {
+      EXPECT_GT(saturated, 0) << "random bit patterns include huge values";
     }
   }
 }

@@ -11,7 +11,7 @@
 #include "pagoda/fp8.h"
 #include "pagoda/host_convert.h"
 #include "cuda/cuda_device_backend.h"
-#include "cuda/kv_fixture.h"
+#include "cuda/skip_without_device.h"
 
 namespace pagoda::testing {
 namespace {

@@ -6,13 +6,16 @@
 #include <string>
 #include <vector>
 
-#include "cuda/kv_fixture.h"
+#include "cuda/skip_without_device.h"
+#include "unit/cache_fixture.h"
 #include "reference/decode_table.h"
 
 namespace pagoda::testing {
 namespace {
 
 using Case = DecodeCase;
+using Queries = CacheFixture::Queries;
+using Decoded = CacheFixture::Decoded;
 constexpr auto& kLengths = kTableLengths;
 constexpr int32_t kLayer = kTableLayer;
 constexpr int32_t kKvHeads = kTableKvHeads;
@@ -32,6 +35,15 @@ CacheGeometry geometry_for(const Case& c) {
   return g;
 }
 
+FixtureOptions cuda_options(const CacheGeometry& g, uint64_t seed, std::vector<std::string> also = {}) {
+  FixtureOptions o(g, 2, seed);
+  o.backend = "cuda";
+  o.also = std::move(also);
+  return o;
+}
+
+std::vector<int32_t> table_lengths() { return std::vector<int32_t>(std::begin(kLengths), std::end(kLengths)); }
+
 void expect_matches_reference(const CacheGeometry& g, const Decoded& got, const ReferenceResult& want,
                               DType q_dtype, const char* what) {
   SCOPED_TRACE(what);
@@ -44,26 +56,24 @@ TEST_P(CudaDecode, MatchesReferenceAndCpuBackend) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
   const Case& c = GetParam();
   const CacheGeometry g = geometry_for(c);
-  KvFixture f(g, {"cuda", "cpu"}, 1234);
-  ASSERT_TRUE(f.ok()) << f.status().message();
+  CacheFixture f(cuda_options(g, 1234, {"cpu"}));
 
   const int32_t batch = static_cast<int32_t>(std::size(kLengths));
   const Queries q = f.random_queries(batch, c.q);
-  std::vector<int32_t> seqs;
-  for (int32_t b = 0; b < batch; ++b) seqs.push_back(f.add_sequence(kLayer, kLengths[b], &q, b));
+  const std::vector<SequenceId> seqs = f.add_sequences(kLayer, table_lengths(), &q);
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   const ReferenceResult want = f.reference(kLayer, seqs, q, scale);
 
-  const Decoded det = f.decode(0, kLayer, seqs, q, scale, SplitMode::kDeterministic, kSplitTokens);
+  const Decoded det = f.decode_on(0, kLayer, seqs, q, scale, SplitMode::kDeterministic, kSplitTokens);
   EXPECT_EQ(det.chunk_tokens, kSplitTokens);
   expect_matches_reference(g, det, want, c.q, "deterministic");
 
-  const Decoded fast = f.decode(0, kLayer, seqs, q, scale, SplitMode::kFast, kSplitTokens);
+  const Decoded fast = f.decode_on(0, kLayer, seqs, q, scale, SplitMode::kFast, kSplitTokens);
   EXPECT_EQ(fast.chunk_tokens % c.block_size, 0);
   expect_matches_reference(g, fast, want, c.q, "fast");
 
   // The CPU backend on the same cache: both sit within the dtype's bounds.
-  const Decoded cpu = f.decode(1, kLayer, seqs, q, scale, SplitMode::kDeterministic, kSplitTokens);
+  const Decoded cpu = f.decode_on(1, kLayer, seqs, q, scale, SplitMode::kDeterministic, kSplitTokens);
   std::vector<double> cpu_out(cpu.out.begin(), cpu.out.end());
   const ErrorStats e = compare(cpu_out, det.out);
   EXPECT_LE(e.max_abs, between_backends(c.q).max_abs) << "CUDA vs CPU";
@@ -84,15 +94,13 @@ TEST_P(CudaDecodeOddGroups, MatchesReference) {
   CacheGeometry g = geometry_for(c);
   g.num_kv_heads = 1;
   g.num_q_heads = c.gqa;
-  KvFixture f(g, {"cuda"}, 4321);
-  ASSERT_TRUE(f.ok()) << f.status().message();
+  CacheFixture f(cuda_options(g, 4321));
   const int32_t batch = static_cast<int32_t>(std::size(kLengths));
   const Queries q = f.random_queries(batch, c.q);
-  std::vector<int32_t> seqs;
-  for (int32_t b = 0; b < batch; ++b) seqs.push_back(f.add_sequence(kLayer, kLengths[b], &q, b));
+  const std::vector<SequenceId> seqs = f.add_sequences(kLayer, table_lengths(), &q);
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   const ReferenceResult want = f.reference(kLayer, seqs, q, scale);
-  const Decoded got = f.decode(0, kLayer, seqs, q, scale, SplitMode::kDeterministic, kSplitTokens);
+  const Decoded got = f.decode(kLayer, seqs, q, scale, SplitMode::kDeterministic, kSplitTokens);
   expect_matches_reference(g, got, want, c.q, "deterministic");
 }
 
@@ -108,12 +116,10 @@ INSTANTIATE_TEST_SUITE_P(Groups, CudaDecodeOddGroups,
 TEST(CudaDecodeOneKey, OutputIsTheValueRowExactly) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
   const CacheGeometry g = geometry_for({128, 4, 16, DType::kFloat16, DType::kFloat32});
-  KvFixture f(g, {"cuda"}, 77);
-  ASSERT_TRUE(f.ok()) << f.status().message();
+  CacheFixture f(cuda_options(g, 77));
   const Queries q = f.random_queries(3, DType::kFloat32);
-  const std::vector<int32_t> seqs = {f.add_sequence(kLayer, 1), f.add_sequence(kLayer, 1),
-                                     f.add_sequence(kLayer, 1)};
-  const Decoded d = f.decode(0, kLayer, seqs, q, 0.088f, SplitMode::kDeterministic, 512);
+  const std::vector<SequenceId> seqs = f.add_sequences(kLayer, {1, 1, 1});
+  const Decoded d = f.decode(kLayer, seqs, q, 0.088f, SplitMode::kDeterministic, 512);
   for (int32_t b = 0; b < 3; ++b) {
     for (int32_t h = 0; h < g.num_q_heads; ++h) {
       const std::vector<double> v = f.value_row(kLayer, seqs[b], 0, h / g.group_size());

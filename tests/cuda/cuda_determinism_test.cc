@@ -5,7 +5,8 @@
 #include <cstring>
 #include <vector>
 
-#include "cuda/kv_fixture.h"
+#include "cuda/skip_without_device.h"
+#include "unit/cache_fixture.h"
 
 namespace pagoda::testing {
 namespace {
@@ -30,21 +31,19 @@ class CudaDeterminism : public ::testing::TestWithParam<DType> {};
 TEST_P(CudaDeterminism, AloneAndInABatchOf37GiveTheSameBits) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
   const CacheGeometry g = geometry(GetParam());
-  KvFixture f(g, {"cuda"}, 2024);
-  ASSERT_TRUE(f.ok()) << f.status().message();
-  std::vector<int32_t> batch;
-  for (int32_t i = 0; i < kBatch; ++i) {
-    const int32_t len = i == kPosition ? 2500 : 1 + (i * 397) % 1500;
-    batch.push_back(f.add_sequence(0, len));
-  }
+  FixtureOptions options(g, 1, 2024);
+  options.backend = "cuda";
+  CacheFixture f(options);
+  std::vector<int32_t> lengths;
+  for (int32_t i = 0; i < kBatch; ++i) lengths.push_back(i == kPosition ? 2500 : 1 + (i * 397) % 1500);
+  const std::vector<SequenceId> batch = f.add_sequences(0, lengths);
   const int32_t row = g.num_q_heads * g.head_dim;
   for (DType q_dtype : {DType::kFloat32, GetParam()}) {
     SCOPED_TRACE(std::string("q ") + std::string(dtype_name(q_dtype)));
-    const Queries q_batch = f.random_queries(kBatch, q_dtype);
-    const Queries q_alone = select_rows(q_batch, {kPosition}, row);
-    const Decoded alone =
-        f.decode(0, 0, {batch[kPosition]}, q_alone, 0.088f, SplitMode::kDeterministic, 512);
-    const Decoded mixed = f.decode(0, 0, batch, q_batch, 0.088f, SplitMode::kDeterministic, 512);
+    const CacheFixture::Queries q_batch = f.random_queries(kBatch, q_dtype);
+    const CacheFixture::Queries q_alone = select_rows(q_batch, {kPosition}, row);
+    const CacheFixture::Decoded alone = f.decode(0, {batch[kPosition]}, q_alone, 0.088f, SplitMode::kDeterministic, 512);
+    const CacheFixture::Decoded mixed = f.decode(0, batch, q_batch, 0.088f, SplitMode::kDeterministic, 512);
     const size_t bytes = static_cast<size_t>(row) * dtype_size(q_dtype);
     ASSERT_EQ(alone.out_bytes.size(), bytes);
     EXPECT_EQ(0, std::memcmp(alone.out_bytes.data(), mixed.out_bytes.data() + kPosition * bytes,
@@ -57,7 +56,7 @@ TEST_P(CudaDeterminism, AloneAndInABatchOf37GiveTheSameBits) {
     EXPECT_EQ(mixed.splits[kPosition], 5);
 
     // And the same launch twice gives the same bits.
-    const Decoded again = f.decode(0, 0, batch, q_batch, 0.088f, SplitMode::kDeterministic, 512);
+    const CacheFixture::Decoded again = f.decode(0, batch, q_batch, 0.088f, SplitMode::kDeterministic, 512);
     EXPECT_EQ(mixed.out_bytes, again.out_bytes);
   }
 }

@@ -2,7 +2,7 @@
 // the same table and bitwise draft-row promise as the CPU backend's.
 #include <gtest/gtest.h>
 
-#include "cuda/kv_fixture.h"
+#include "cuda/skip_without_device.h"
 #include "unit/variant_checks.h"
 
 namespace pagoda::testing {

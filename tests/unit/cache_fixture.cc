@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <stdexcept>
+#include <tuple>
+#include <utility>
 
 #include "pagoda/fp8.h"
 #include "pagoda/host_convert.h"
@@ -22,24 +26,39 @@ float round_to(float x, DType dtype) {
   return x;
 }
 
-CacheFixture::CacheFixture(const FixtureOptions& options)
-    : geometry_(options.geometry), kv_scales_(options.kv_scales), rng_(options.seed) {
-  if (kv_scales_.empty()) kv_scales_.assign(static_cast<size_t>(geometry_.num_layers), KvScale{});
+namespace {
+
+// A backend of `kind` on the fixture's geometry, its stream, every block NaN.
+std::pair<std::unique_ptr<Backend>, std::unique_ptr<BackendStream>> open_poisoned(const FixtureOptions& options,
+                                                                                const std::string& kind) {
   BackendOptions bo;
-  bo.kind = options.backend;
+  bo.kind = kind;
   bo.kv_scales = options.kv_scales;
-  bo.geometry = geometry_;
+  bo.geometry = options.geometry;
   bo.cpu_threads = options.threads;
   auto backend = make_backend(bo);
   if (!backend.ok()) throw std::runtime_error(backend.status().message());
-  backend_ = std::move(backend.value());
-  auto stream = backend_->open_stream();
+  auto stream = backend.value()->open_stream();
   if (!stream.ok()) throw std::runtime_error(stream.status().message());
-  stream_ = std::move(stream.value());
+  std::vector<int32_t> all(static_cast<size_t>(options.geometry.num_blocks));
+  for (int32_t b = 0; b < options.geometry.num_blocks; ++b) all[static_cast<size_t>(b)] = b;
+  const Status poisoned = stream.value()->poison_blocks(all);
+  if (!poisoned.ok()) throw std::runtime_error(poisoned.message());
+  return {std::move(backend.value()), std::move(stream.value())};
+}
+
+}  // namespace
+
+CacheFixture::CacheFixture(const FixtureOptions& options)
+    : geometry_(options.geometry), kv_scales_(options.kv_scales), rng_(options.seed) {
+  if (kv_scales_.empty()) kv_scales_.assign(static_cast<size_t>(geometry_.num_layers), KvScale{});
+  std::tie(backend_, stream_) = open_poisoned(options, options.backend);
+  for (const std::string& kind : options.also) {
+    auto [backend, stream] = open_poisoned(options, kind);
+    also_backends_.push_back(std::move(backend));
+    also_streams_.push_back(std::move(stream));
+  }
   cache_ = std::make_unique<CacheManager>(geometry_);
-  std::vector<int32_t> all(geometry_.num_blocks);
-  for (int32_t b = 0; b < geometry_.num_blocks; ++b) all[b] = b;
-  EXPECT_TRUE(stream_->poison_blocks(all).ok());
   const double nan = std::numeric_limits<double>::quiet_NaN();
   k_mirror_.assign(geometry_.pool_elements(), nan);
   v_mirror_.assign(geometry_.pool_elements(), nan);
@@ -59,6 +78,30 @@ SequenceId CacheFixture::add_sequence(int32_t layer, int32_t length) {
   const SequenceId id = cache_->create("test");
   append_random(id, layer, length);
   return id;
+}
+
+std::vector<SequenceId> CacheFixture::add_sequences(int32_t layer, const std::vector<int32_t>& lengths,
+                                                    const Queries* spike) {
+  std::vector<SequenceId> ids;
+  std::vector<int32_t> left;  // random tokens still to append
+  for (int32_t length : lengths) {
+    ids.push_back(cache_->create("test"));
+    left.push_back(spike != nullptr && length > 0 ? length - 1 : length);
+  }
+  for (bool more = true; more;) {
+    more = false;
+    for (size_t b = 0; b < ids.size(); ++b) {
+      const int32_t n = std::min(left[b], geometry_.block_size);
+      if (n == 0) continue;
+      append_random(ids[b], layer, n);
+      left[b] -= n;
+      more = true;
+    }
+  }
+  for (size_t b = 0; b < ids.size() && spike != nullptr; ++b) {
+    if (lengths[b] > 0) append_spike(ids[b], layer, *spike, static_cast<int32_t>(b));
+  }
+  return ids;
 }
 
 void CacheFixture::append_random(SequenceId id, int32_t layer, int32_t n) {
@@ -89,6 +132,10 @@ void CacheFixture::follow_copies(SequenceId id, const std::vector<int32_t>& befo
   const CacheGeometry& g = geometry_;
   for (size_t i = 0; i < before.size() && i < after.size(); ++i) {
     if (before[i] == after[i]) continue;
+    for (auto& stream : also_streams_) {
+      const Status s = stream->copy_block(before[i], after[i]);
+      EXPECT_TRUE(s.ok()) << "copy_block on a compared backend: " << s.message();
+    }
     for (int32_t layer = 0; layer < g.num_layers; ++layer) {
       const int64_t src = g.element_offset(layer, before[i], 0, 0);
       const int64_t dst = g.element_offset(layer, after[i], 0, 0);
@@ -103,9 +150,11 @@ void CacheFixture::mirror(SequenceId id, int32_t layer, int32_t first, int32_t n
   const Reservation r = pin(layer, {id});
   const BatchBlockTables tables = r.tables();
   const CacheGeometry& g = geometry_;
+  std::vector<int64_t> slots(static_cast<size_t>(n));
   for (int32_t t = 0; t < n; ++t) {
     const int32_t pos = first + t;
     const int32_t block = tables.block_of(0, pos, g.block_size);
+    slots[static_cast<size_t>(t)] = flat_slot(block, pos % g.block_size, g.block_size);
     for (int32_t h = 0; h < g.num_kv_heads; ++h) {
       const int64_t dst = g.element_offset(layer, block, h, pos % g.block_size);
       const size_t src = (static_cast<size_t>(t) * g.num_kv_heads + h) * g.head_dim;
@@ -116,6 +165,17 @@ void CacheFixture::mirror(SequenceId id, int32_t layer, int32_t first, int32_t n
         v_mirror_[dst + i] = static_cast<double>(round_to(v[src + i] / s.v, g.dtype)) * s.v;
       }
     }
+  }
+  KvWrite w;
+  w.layer = layer;
+  w.num_tokens = n;
+  w.slots = slots.data();
+  w.k = k.data();
+  w.v = v.data();
+  w.dtype = DType::kFloat32;
+  for (size_t i = 0; i < also_streams_.size(); ++i) {
+    const Status s = also_streams_[i]->write_kv(std::span<const KvWrite>(&w, 1));
+    EXPECT_TRUE(s.ok()) << also_backends_[i]->name() << " write_kv: " << s.message();
   }
 }
 
@@ -156,9 +216,9 @@ std::vector<int32_t> q_indptr_of(const std::vector<int32_t>& q_lengths) {
 
 }  // namespace
 
-CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q,
-                                           float scale, SplitMode mode, int32_t split_tokens,
-                                           const Variant& variant) {
+CacheFixture::Decoded CacheFixture::decode_on(size_t backend_index, int32_t layer, const std::vector<SequenceId>& ids,
+                                              const Queries& q, float scale, SplitMode mode, int32_t split_tokens,
+                                              const Variant& variant) {
   Decoded d;
   const Reservation r = pin(layer, ids);
   const int32_t batch = static_cast<int32_t>(ids.size());
@@ -184,8 +244,8 @@ CacheFixture::Decoded CacheFixture::decode(int32_t layer, const std::vector<Sequ
   out.out = d.out_bytes.data();
   out.lse = d.lse.data();
   out.splits = d.splits.data();
-  const Status s = stream_->decode(launch, out);
-  EXPECT_TRUE(s.ok()) << s.message();
+  const Status s = stream(backend_index).decode(launch, out);
+  EXPECT_TRUE(s.ok()) << backend(backend_index).name() << " decode: " << s.message();
   d.chunk_tokens = out.chunk_tokens;
   d.kv_bytes_read = out.kv_bytes_read;
   d.kv_bytes_shared = out.kv_bytes_shared;
@@ -206,6 +266,26 @@ ReferenceResult CacheFixture::reference(int32_t layer, const std::vector<Sequenc
   rv.soft_cap = variant.soft_cap;
   rv.sinks = variant.sinks.empty() ? nullptr : &sinks;
   return naive_decode(geometry_, k_mirror_, v_mirror_, layer, r.tables(), qd, scale, rv);
+}
+
+std::vector<double> CacheFixture::value_row(int32_t layer, SequenceId id, int32_t token, int32_t kv_head) {
+  const Reservation r = pin(layer, {id});
+  const CacheGeometry& g = geometry_;
+  const int32_t block = r.tables().block_of(0, token, g.block_size);
+  const auto first = v_mirror_.begin() + g.element_offset(layer, block, kv_head, token % g.block_size);
+  return std::vector<double>(first, first + g.head_dim);
+}
+
+CacheFixture::Queries select_rows(const CacheFixture::Queries& q, const std::vector<int32_t>& rows,
+                                  int32_t row_elems) {
+  CacheFixture::Queries out{{}, {}, q.dtype};
+  const size_t elem = dtype_size(q.dtype);
+  for (int32_t r : rows) {
+    const size_t first = static_cast<size_t>(r) * static_cast<size_t>(row_elems);
+    out.values.insert(out.values.end(), q.values.begin() + first, q.values.begin() + first + row_elems);
+    out.bytes.insert(out.bytes.end(), q.bytes.begin() + first * elem, q.bytes.begin() + (first + row_elems) * elem);
+  }
+  return out;
 }
 
 }  // namespace pagoda::testing

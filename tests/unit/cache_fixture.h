@@ -1,7 +1,9 @@
 #pragma once
-// A backend (the CPU one unless told) and a cache manager filled with seeded
-// random K/V, mirrored in double exactly as stored (rounded to the cache
-// dtype) for the reference.
+// The one fixture of the kernel tests: a backend (the CPU one unless told) and
+// a cache manager filled with seeded random K/V, mirrored in double exactly as
+// stored (rounded to the cache dtype) for the reference. More backends may be
+// given every write too (the CUDA tests compare the CPU backend with the GPU's
+// on one cache).
 // The whole pool starts as NaN: free blocks and the unused tail of every last
 // block stay NaN, so any read past a sequence's length poisons the output.
 
@@ -35,6 +37,7 @@ struct FixtureOptions {
   uint64_t seed = 1;
   std::string backend = "cpu";  // a make_backend kind
   std::vector<KvScale> kv_scales;  // [num_layers] or empty (1.0); the mirror holds stored * scale
+  std::vector<std::string> also;   // more backends (make_backend kinds) given every write, same blocks
 };
 
 class CacheFixture {
@@ -43,6 +46,10 @@ class CacheFixture {
 
   Backend& backend() { return *backend_; }
   BackendStream& stream() { return *stream_; }
+  // Backend i: 0 is backend(), 1.. are options.also in order.
+  size_t backends() const { return 1 + also_backends_.size(); }
+  Backend& backend(size_t i) { return i == 0 ? *backend_ : *also_backends_[i - 1]; }
+  BackendStream& stream(size_t i) { return i == 0 ? *stream_ : *also_streams_[i - 1]; }
   CacheManager& cache() { return *cache_; }
 
   // A reservation pinning `ids` of `layer` at their current lengths (no append).
@@ -75,6 +82,12 @@ class CacheFixture {
   };
   Queries random_queries(int32_t batch, DType dtype);
 
+  // New sequences of these lengths in `layer`, appended a block at a time in
+  // turn, so that each one's blocks lie apart, between the others'. With
+  // `spike`, sequence b's last token is append_spike(.., *spike, b).
+  std::vector<SequenceId> add_sequences(int32_t layer, const std::vector<int32_t>& lengths,
+                                        const Queries* spike = nullptr);
+
   // Appends one token whose key, for every KV head, is 4x the query of the
   // group's first head (row `row` of q): that head's row max then sits in the
   // last block, where a missing rescale of acc shows.
@@ -94,11 +107,20 @@ class CacheFixture {
   };
   Decoded decode(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q, float scale,
                  SplitMode mode = SplitMode::kDeterministic, int32_t split_tokens = 64,
-                 const Variant& variant = {});
+                 const Variant& variant = {}) {
+    return decode_on(0, layer, ids, q, scale, mode, split_tokens, variant);
+  }
+  // The same on backend(i).
+  Decoded decode_on(size_t backend, int32_t layer, const std::vector<SequenceId>& ids, const Queries& q,
+                    float scale, SplitMode mode = SplitMode::kDeterministic, int32_t split_tokens = 64,
+                    const Variant& variant = {});
 
   // The oracle over the mirrored cache.
   ReferenceResult reference(int32_t layer, const std::vector<SequenceId>& ids, const Queries& q, double scale,
                             const Variant& variant = {});
+
+  // The value row of token `token` of `id` in `layer`, as stored: [head_dim].
+  std::vector<double> value_row(int32_t layer, SequenceId id, int32_t token, int32_t kv_head);
 
   std::mt19937_64& rng() { return rng_; }
 
@@ -107,6 +129,8 @@ class CacheFixture {
   std::vector<KvScale> kv_scales_;  // [num_layers]
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<BackendStream> stream_;
+  std::vector<std::unique_ptr<Backend>> also_backends_;
+  std::vector<std::unique_ptr<BackendStream>> also_streams_;
   std::unique_ptr<CacheManager> cache_;
   std::vector<double> k_mirror_;
   std::vector<double> v_mirror_;
@@ -115,5 +139,9 @@ class CacheFixture {
 
 // Rounds an fp32 value to `dtype` and back.
 float round_to(float x, DType dtype);
+
+// Rows `rows` of `q` ([rows, row_elems] each), in that order.
+CacheFixture::Queries select_rows(const CacheFixture::Queries& q, const std::vector<int32_t>& rows,
+                                  int32_t row_elems);
 
 }  // namespace pagoda::testing

@@ -90,7 +90,9 @@ TEST_P(SharedPrefix, ForksReadSharedChunksOnceWithTheBitsOfUnsharedTwinsAndOfEac
   EXPECT_GT(shared.kv_bytes_shared, 0);
   EXPECT_EQ(shared.kv_bytes_read + shared.kv_bytes_shared, unshared.kv_bytes_read);
   EXPECT_EQ(unshared.kv_bytes_shared, 0);
-  if (c.variant.window == 0) EXPECT_EQ(shared.kv_bytes_shared, (kForks - 1) * 2 * kSplit * token_bytes);
+  if (c.variant.window == 0) {
+    EXPECT_EQ(shared.kv_bytes_shared, (kForks - 1) * 2 * kSplit * token_bytes);
+  }
   EXPECT_EQ(shared.out_bytes, unshared.out_bytes) << "a shared chunk changed the bits";
   EXPECT_EQ(shared.lse, unshared.lse);
   EXPECT_EQ(shared.splits, unshared.splits);

@@ -112,6 +112,52 @@ __device__ __forceinline__ void load_q(const PartialParams& p, int64_t q_row0, i
   }
 }
 
+// The base-2 scores of one key row (this thread's 8 elements of it at k) for
+// the thread's heads: partial dot products, a butterfly sum over the row's lanes
+// (every lane ends with the same bits), then the soft-cap on the whole sum, so
+// every lane caps the same bits. Head slots past the group (MHA: 3 of 4) are
+// skipped by a CTA-uniform branch, so the shuffles run in whole warps; every
+// thread of the warp must call it.
+template <typename C, int kHB, typename T>
+__device__ __forceinline__ void score_key(const T* k, const float (&q)[kHB][8], int heads_per_thread,
+                                          const VariantParams& var, float (&dot)[kHB]) {
+  float kf[8];
+  widen8(k, kf);
+#pragma unroll
+  for (int j = 0; j < kHB; ++j) {
+    dot[j] = 0.f;
+    if (j >= heads_per_thread) continue;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dot[j] += q[j][e] * kf[e];
+  }
+#pragma unroll
+  for (int offset = C::kLanes / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int j = 0; j < kHB; ++j) {
+      if (j < heads_per_thread) dot[j] += __shfl_xor_sync(0xffffffffu, dot[j], offset);
+    }
+  }
+  if (var.soft_cap > 0.f) {
+#pragma unroll
+    for (int j = 0; j < kHB; ++j) {
+      if (j < heads_per_thread) dot[j] = var.soft_cap_log2 * tanhf(dot[j] * var.inv_soft_cap);
+    }
+  }
+}
+
+// Adds one key (its scores, and this thread's 8 elements of its value row at
+// v) to the online-softmax states of the thread's nh heads.
+template <int kHB, typename T>
+__device__ __forceinline__ void update_states(const T* v, const float (&dot)[kHB], int nh,
+                                              SoftmaxStats<float> (&st)[kHB], float (&acc)[kHB][8]) {
+  float vf[8];
+  widen8(v, vf);
+#pragma unroll
+  for (int j = 0; j < kHB; ++j) {
+    if (j < nh) add_key(st[j], acc[j], dot[j], vf);
+  }
+}
+
 // Merges the token slices of each head group in slice order through shared
 // memory, then token slice 0 stores the states of partial rows row0 + j. All
 // copies were waited for (wait_group 0) and a barrier passed, so the scratch
@@ -294,43 +340,9 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
             const int r = r_raw < C::kTileTokens ? r_raw : C::kTileTokens - 1;
             const bool valid = active && r_raw < C::kTileTokens && tile_begin + r < end;
 
-            float kf[8];
-            widen8(k_tile + r * D + lane * 8, kf);
-            // Head slots past the group (MHA: 3 of 4) are skipped by a CTA-uniform
-            // branch, so the shuffles below still run in whole warps.
             float dot[kHB];
-  #pragma unroll
-            for (int j = 0; j < kHB; ++j) {
-              dot[j] = 0.f;
-              if (j >= heads_per_thread) continue;
-  #pragma unroll
-              for (int e = 0; e < 8; ++e) dot[j] += q[j][e] * kf[e];
-            }
-            // Butterfly sum over the row's lanes: every lane ends with the same bits.
-  #pragma unroll
-            for (int offset = C::kLanes / 2; offset > 0; offset /= 2) {
-  #pragma unroll
-              for (int j = 0; j < kHB; ++j) {
-                if (j < heads_per_thread) dot[j] += __shfl_xor_sync(0xffffffffu, dot[j], offset);
-              }
-            }
-            // The soft-cap on the whole sum, so every lane caps the same bits.
-            if (var.soft_cap > 0.f) {
-  #pragma unroll
-              for (int j = 0; j < kHB; ++j) {
-                if (j < heads_per_thread) {
-                  dot[j] = var.soft_cap_log2 * tanhf(dot[j] * var.inv_soft_cap);
-                }
-              }
-            }
-            if (valid) {
-              float vf[8];
-              widen8(v_tile + r * D + lane * 8, vf);
-  #pragma unroll
-              for (int j = 0; j < kHB; ++j) {
-                if (j < nh) add_key(st[j], acc[j], dot[j], vf);
-              }
-            }
+            score_key<C, kHB>(k_tile + r * D + lane * 8, q, heads_per_thread, var, dot);
+            if (valid) update_states<kHB>(v_tile + r * D + lane * 8, dot, nh, st, acc);
           }
           __syncthreads();  // the stage is overwritten by the next iteration's copies
         }

@@ -18,22 +18,8 @@ using Queries = CacheFixture::Queries;
 using Decoded = CacheFixture::Decoded;
 constexpr auto& kLengths = kTableLengths;
 constexpr int32_t kLayer = kTableLayer;
-constexpr int32_t kKvHeads = kTableKvHeads;
 constexpr int32_t kSplitTokens = kTableSplitTokens;
 
-CacheGeometry geometry_for(const Case& c) {
-  CacheGeometry g;
-  g.num_layers = 2;
-  g.num_kv_heads = kKvHeads;
-  g.num_q_heads = kKvHeads * c.gqa;
-  g.head_dim = c.head_dim;
-  g.block_size = c.block_size;
-  g.dtype = c.cache;
-  int32_t blocks = 8;  // spare blocks that stay free (and NaN)
-  for (int32_t len : kLengths) blocks += len / c.block_size + 1;
-  g.num_blocks = blocks;
-  return g;
-}
 
 FixtureOptions cuda_options(const CacheGeometry& g, uint64_t seed, std::vector<std::string> also = {}) {
   FixtureOptions o(g, 2, seed);
@@ -55,7 +41,7 @@ class CudaDecode : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaDecode, MatchesReferenceAndCpuBackend) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
   const Case& c = GetParam();
-  const CacheGeometry g = geometry_for(c);
+  const CacheGeometry g = table_geometry(c);
   CacheFixture f(cuda_options(g, 1234, {"cpu"}));
 
   const int32_t batch = static_cast<int32_t>(std::size(kLengths));
@@ -91,7 +77,7 @@ class CudaDecodeOddGroups : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaDecodeOddGroups, MatchesReference) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
   const Case& c = GetParam();
-  CacheGeometry g = geometry_for(c);
+  CacheGeometry g = table_geometry(c);
   g.num_kv_heads = 1;
   g.num_q_heads = c.gqa;
   CacheFixture f(cuda_options(g, 4321));
@@ -115,7 +101,7 @@ INSTANTIATE_TEST_SUITE_P(Groups, CudaDecodeOddGroups,
 // is the score.
 TEST(CudaDecodeOneKey, OutputIsTheValueRowExactly) {
   PAGODA_SKIP_WITHOUT_CUDA_DEVICE();
-  const CacheGeometry g = geometry_for({128, 4, 16, DType::kFloat16, DType::kFloat32});
+  const CacheGeometry g = table_geometry({128, 4, 16, DType::kFloat16, DType::kFloat32});
   CacheFixture f(cuda_options(g, 77));
   const Queries q = f.random_queries(3, DType::kFloat32);
   const std::vector<SequenceId> seqs = f.add_sequences(kLayer, {1, 1, 1});

@@ -74,6 +74,23 @@ struct DecodeCase {
   DType q;
 };
 
+// The cache of one case: kTableKvHeads KV heads, two layers, room for the
+// table's lengths (each rounded up a block, for a spike) and spare blocks
+// that stay free (and NaN).
+inline CacheGeometry table_geometry(const DecodeCase& c) {
+  CacheGeometry g;
+  g.num_layers = 2;
+  g.num_kv_heads = kTableKvHeads;
+  g.num_q_heads = kTableKvHeads * c.gqa;
+  g.head_dim = c.head_dim;
+  g.block_size = c.block_size;
+  g.dtype = c.cache;
+  int32_t blocks = 8;
+  for (int32_t len : kTableLengths) blocks += len / c.block_size + 1;
+  g.num_blocks = blocks;
+  return g;
+}
+
 inline std::string to_string(const DecodeCase& c) {
   return fmt::format("d{}_gqa{}_bs{}_kv{}_q{}", c.head_dim, c.gqa, c.block_size, dtype_name(c.cache),
                      dtype_name(c.q));

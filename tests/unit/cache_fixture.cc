@@ -49,6 +49,18 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<BackendStream>> open_poisone
 
 }  // namespace
 
+CacheGeometry bookkeeping_geometry(int32_t blocks) {
+  CacheGeometry g;
+  g.num_layers = 2;
+  g.num_kv_heads = 1;
+  g.num_q_heads = 2;
+  g.head_dim = 64;
+  g.block_size = 4;
+  g.dtype = DType::kFloat32;
+  g.num_blocks = blocks;
+  return g;
+}
+
 CacheFixture::CacheFixture(const FixtureOptions& options)
     : geometry_(options.geometry), kv_scales_(options.kv_scales), rng_(options.seed) {
   if (kv_scales_.empty()) kv_scales_.assign(static_cast<size_t>(geometry_.num_layers), KvScale{});

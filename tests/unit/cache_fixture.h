@@ -137,6 +137,10 @@ class CacheFixture {
   std::mt19937_64 rng_;
 };
 
+// A small fp32 cache for the bookkeeping tests (forks, cuts, limits): two
+// layers, one KV head of two query heads, head_dim 64, blocks of 4 tokens.
+CacheGeometry bookkeeping_geometry(int32_t blocks);
+
 // Rounds an fp32 value to `dtype` and back.
 float round_to(float x, DType dtype);
 

@@ -9,17 +9,6 @@
 namespace pagoda::testing {
 namespace {
 
-CacheGeometry small(int32_t blocks) {
-  CacheGeometry g;
-  g.num_layers = 2;
-  g.num_kv_heads = 1;
-  g.num_q_heads = 2;
-  g.head_dim = 64;
-  g.block_size = 4;
-  g.dtype = DType::kFloat32;
-  g.num_blocks = blocks;
-  return g;
-}
 
 std::vector<float> rows(int32_t n, float value) { return std::vector<float>(static_cast<size_t>(n) * 64, value); }
 
@@ -37,7 +26,7 @@ Status append_batch(CacheFixture& f, int32_t layer, const std::vector<SequenceId
 }
 
 TEST(CacheManager, LayersHaveTheirOwnLengthsAndShareBlocks) {
-  CacheFixture f({small(8), 1, 1});
+  CacheFixture f({bookkeeping_geometry(8), 1, 1});
   const SequenceId id = f.add_sequence(0, 6);
   f.append_random(id, 1, 3);
   auto info = f.cache().info(id);
@@ -48,7 +37,7 @@ TEST(CacheManager, LayersHaveTheirOwnLengthsAndShareBlocks) {
 }
 
 TEST(CacheManager, ExhaustionIsAllOrNothingAcrossSequences) {
-  CacheFixture f({small(4), 1, 1});
+  CacheFixture f({bookkeeping_geometry(4), 1, 1});
   const SequenceId a = f.add_sequence(0, 7);  // 2 blocks, 1 free slot in the last
   const SequenceId b = f.add_sequence(0, 4);  // 1 block, full
   ASSERT_EQ(f.cache().free_blocks(), 1);
@@ -71,7 +60,7 @@ TEST(CacheManager, ExhaustionIsAllOrNothingAcrossSequences) {
 }
 
 TEST(CacheManager, ErrorsNameTheFieldAndChangeNothing) {
-  CacheFixture f({small(4), 1, 1});
+  CacheFixture f({bookkeeping_geometry(4), 1, 1});
   const SequenceId a = f.add_sequence(0, 3);
   const auto k = rows(1, 1.f);
   // (A bad layer never gets here: admission refuses it, tests/e2e/errors_test.cc.)
@@ -86,7 +75,7 @@ TEST(CacheManager, ErrorsNameTheFieldAndChangeNothing) {
 }
 
 TEST(CacheManager, ForkSharesBlocksAndCopiesOnWrite) {
-  CacheFixture f({small(16), 1, 1});
+  CacheFixture f({bookkeeping_geometry(16), 1, 1});
   const SequenceId parent = f.add_sequence(0, 6);  // last block half full
   const int32_t free_before = f.cache().free_blocks();
   auto child = f.cache().fork(parent);
@@ -113,7 +102,7 @@ TEST(CacheManager, ForkSharesBlocksAndCopiesOnWrite) {
 // A sequence and its fork appended in one request need the blocks the two
 // appends need one after the other: one copy, then the last holder writes in place.
 TEST(CacheManager, ForkPairInOneRequestNeedsWhatSeparateAppendsNeed) {
-  CacheFixture f({small(3), 1, 1});
+  CacheFixture f({bookkeeping_geometry(3), 1, 1});
   const SequenceId a = f.add_sequence(0, 6);  // 2 blocks, the last half full
   auto b = f.cache().fork(a);
   ASSERT_TRUE(b.ok());
@@ -128,7 +117,7 @@ TEST(CacheManager, ForkPairInOneRequestNeedsWhatSeparateAppendsNeed) {
 // A pin (an in-flight Decode's, the checker's) keeps blocks alive but does not
 // share them: appending past the pinned length writes in place, no copy.
 TEST(CacheManager, PinnedBlocksAreAppendedInPlace) {
-  CacheFixture f({small(16), 1, 1});
+  CacheFixture f({bookkeeping_geometry(16), 1, 1});
   const SequenceId a = f.add_sequence(0, 5);  // last block 1 of 4 slots used
   const int32_t free_before = f.cache().free_blocks();
   const auto q = f.random_queries(1, DType::kFloat32);
@@ -152,7 +141,7 @@ TEST(CacheManager, PinnedBlocksAreAppendedInPlace) {
 }
 
 TEST(CacheManager, APinOutlivesAFreeAndThenReturnsTheBlocks) {
-  CacheFixture f({small(8), 1, 1});
+  CacheFixture f({bookkeeping_geometry(8), 1, 1});
   const int32_t total = f.cache().free_blocks();
   const SequenceId a = f.add_sequence(0, 9);  // 3 blocks
   auto b = f.cache().fork(a);
@@ -172,7 +161,7 @@ TEST(CacheManager, APinOutlivesAFreeAndThenReturnsTheBlocks) {
 // Pipelined steps of one sequence in one reservation (a stream's requests
 // coalesced into one batch) each see the length the previous one left.
 TEST(CacheManager, PartsOfOneReservationChainTheirAppends) {
-  CacheFixture f({small(8), 1, 1});
+  CacheFixture f({bookkeeping_geometry(8), 1, 1});
   const SequenceId a = f.add_sequence(0, 3);
   Reservation r;
   f.cache().begin(0, true, r);
@@ -196,7 +185,7 @@ TEST(CacheManager, PartsOfOneReservationChainTheirAppends) {
 }
 
 TEST(CacheManager, AReservationReleasedBeforeFinishRollsBackWhole) {
-  CacheFixture f({small(8), 1, 1});
+  CacheFixture f({bookkeeping_geometry(8), 1, 1});
   const SequenceId a = f.add_sequence(0, 4);  // one full block
   auto fork = f.cache().fork(a);
   ASSERT_TRUE(fork.ok());
@@ -224,7 +213,7 @@ TEST(CacheManager, AReservationReleasedBeforeFinishRollsBackWhole) {
 // writes into the kept partial block: in place when it is the sequence's own,
 // after a copy when a fork shares it (the fork keeps its tokens).
 TEST(CacheManager, TruncateThenAppendKeepsForksAndTheReferenceRight) {
-  CacheFixture f({small(32), 1, 1});
+  CacheFixture f({bookkeeping_geometry(32), 1, 1});
   const SequenceId a = f.add_sequence(0, 14);  // blocks of 4: 4 blocks
   f.append_random(a, 1, 6);
   auto fork = f.cache().fork(a);
@@ -257,7 +246,7 @@ TEST(CacheManager, TruncateThenAppendKeepsForksAndTheReferenceRight) {
 // A reservation reading past a truncation point keeps its view: the next
 // append into the cut block copies it instead of overwriting what it reads.
 TEST(CacheManager, TruncationUnderAPinCopiesBeforeTheNextWrite) {
-  CacheFixture f({small(16), 1, 1});
+  CacheFixture f({bookkeeping_geometry(16), 1, 1});
   const SequenceId a = f.add_sequence(0, 7);
   const auto q = f.random_queries(1, DType::kFloat32);
   const auto before = f.decode(0, {a}, q, 0.125f);
@@ -280,7 +269,7 @@ TEST(CacheManager, TruncationUnderAPinCopiesBeforeTheNextWrite) {
 }
 
 TEST(CacheManager, ConcurrentAppendsOnDistinctSequences) {
-  CacheFixture f({small(512), 1, 1});
+  CacheFixture f({bookkeeping_geometry(512), 1, 1});
   constexpr int kThreads = 4;
   constexpr int kSteps = 100;
   std::vector<SequenceId> ids;
@@ -316,7 +305,7 @@ TEST(CacheManager, ConcurrentAppendsOnDistinctSequences) {
 // shared block index; the second waits for the first's copy, never reads it
 // half-made, and every layer of both sequences matches the reference.
 TEST(CacheManager, ConcurrentLayersCopyOnWriteTheSameBlockSafely) {
-  CacheFixture f({small(64), 1, 1});
+  CacheFixture f({bookkeeping_geometry(64), 1, 1});
   constexpr int kRounds = 40;
   for (int round = 0; round < kRounds; ++round) {
     const SequenceId a = f.cache().create("a");

@@ -20,27 +20,14 @@ constexpr int32_t kLayer = kTableLayer;
 
 // One case of the table: a batch of kTableLengths sequences against the reference.
 void run_table_case(const Case& c) {
-  CacheGeometry g;
-  g.num_layers = 2;
-  g.num_kv_heads = kTableKvHeads;
-  g.num_q_heads = kTableKvHeads * c.gqa;
-  g.head_dim = c.head_dim;
-  g.block_size = c.block_size;
-  g.dtype = c.cache;
-  int32_t blocks = 8;  // spare blocks that stay free (and NaN)
-  for (int32_t len : kLengths) blocks += (len + c.block_size) / c.block_size;
-  g.num_blocks = blocks;
+  const CacheGeometry g = table_geometry(c);
   CacheFixture f({g, 2, 1234});
 
   const int32_t batch = static_cast<int32_t>(std::size(kLengths));
   const auto q = f.random_queries(batch, c.q);
-  std::vector<SequenceId> ids;
-  for (int32_t b = 0; b < batch; ++b) {
-    // The last token carries the row max of each group's first head.
-    const int32_t len = kLengths[b];
-    ids.push_back(f.add_sequence(kLayer, len > 0 ? len - 1 : 0));
-    if (len > 0) f.append_spike(ids.back(), kLayer, q, b);
-  }
+  // The last token carries the row max of each group's first head.
+  const std::vector<SequenceId> ids =
+      f.add_sequences(kLayer, std::vector<int32_t>(std::begin(kLengths), std::end(kLengths)), &q);
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   const auto got = f.decode(kLayer, ids, q, scale, SplitMode::kDeterministic, kTableSplitTokens);
   const auto want = f.reference(kLayer, ids, q, scale);

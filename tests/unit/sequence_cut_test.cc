@@ -12,17 +12,6 @@
 namespace pagoda::testing {
 namespace {
 
-CacheGeometry geometry(int32_t blocks) {
-  CacheGeometry g;
-  g.num_layers = 2;
-  g.num_kv_heads = 1;
-  g.num_q_heads = 2;
-  g.head_dim = 64;
-  g.block_size = 4;
-  g.dtype = DType::kFloat32;
-  g.num_blocks = blocks;
-  return g;
-}
 
 // Rows whose every element is `value(t)` for token t = first + i.
 std::vector<float> rows(const CacheGeometry& g, int32_t first, int32_t n, float base) {
@@ -55,7 +44,7 @@ std::pair<std::vector<float>, std::vector<float>> read(const SequenceCut& cut, B
 }
 
 TEST(SequenceCut, ReadsTheCutWhateverHappensAfter) {
-  CacheFixture f({geometry(32), 1, 1});
+  CacheFixture f({bookkeeping_geometry(32), 1, 1});
   CacheManager& cache = f.cache();
   const SequenceId id = cache.create("cut me");
   append(cache, f.stream(), id, 0, 0, 10, 100);
@@ -95,7 +84,7 @@ TEST(SequenceCut, ReadsTheCutWhateverHappensAfter) {
 }
 
 TEST(SequenceCut, PinsHoldBlocksUntilReleased) {
-  CacheFixture f({geometry(8), 1, 1});
+  CacheFixture f({bookkeeping_geometry(8), 1, 1});
   CacheManager& cache = f.cache();
   const SequenceId id = cache.create("");
   append(cache, f.stream(), id, 0, 0, 8, 1);
@@ -112,7 +101,7 @@ TEST(SequenceCut, PinsHoldBlocksUntilReleased) {
 // holds 1000 * g + t; a truncation starts a new generation, so along a cut's
 // positions the generation never decreases.
 TEST(SequenceCut, ConcurrentAppendsTruncationsAndFreesNeverTearACut) {
-  CacheFixture f({geometry(64), 1, 1});
+  CacheFixture f({bookkeeping_geometry(64), 1, 1});
   CacheManager& cache = f.cache();
   const SequenceId id = cache.create("");
   std::atomic<bool> stop{false};
@@ -163,7 +152,7 @@ TEST(SequenceCut, ConcurrentAppendsTruncationsAndFreesNeverTearACut) {
 }
 
 TEST(ImportRows, AllOrNothing) {
-  CacheFixture f({geometry(4), 1, 1});
+  CacheFixture f({bookkeeping_geometry(4), 1, 1});
   CacheManager& cache = f.cache();
   const CacheGeometry& g = cache.geometry();
   const std::vector<float> k = rows(g, 0, 12, 7);
@@ -208,7 +197,7 @@ TEST(ImportRows, AllOrNothing) {
 // A stage into a sequence whose partly filled last block a fork shares: the
 // block is copied first, and the fork keeps what it had.
 TEST(ImportRows, AStageCopiesASharedLastBlock) {
-  CacheFixture f({geometry(16), 1, 1});
+  CacheFixture f({bookkeeping_geometry(16), 1, 1});
   CacheManager& cache = f.cache();
   const CacheGeometry& g = cache.geometry();
   const SequenceId id = cache.create("");

@@ -198,6 +198,94 @@ HWY_NOINLINE void score_rows(const float* const* HWY_RESTRICT q, const T* HWY_RE
   }
 }
 
+// ---- scores with rows in lanes (wide groups) --------------------------------
+
+// From kLaneRowsMinGroup query heads per KV head (GQA 4 and up, MLA), scores
+// put rows in the lanes instead of head_dim: q transposed once per task
+// (qt[d][rows_pad], zero past the rows), each key element broadcast against a
+// vector of rows, a GEMM-style micro-kernel of kLaneVecs row vectors x
+// kLaneTokens tokens with no horizontal sum at all. A score is then one FMA
+// chain over d = 0 .. kD-1 in order, whatever the lanes, the blocking or the
+// other rows: the same bits for a row alone, among other positions or in a
+// shared chunk. The choice depends on the group alone (never on the rows), so
+// every decode of a geometry takes one of the two orders.
+constexpr int32_t kLaneRowsMinGroup = 4;
+constexpr int kLaneTokens = 8;
+constexpr int64_t kRowLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
+
+// q of the task's rows, transposed: qt[d * rows_pad + r] (rows_pad a multiple of
+// the vector), padding rows zero.
+template <int kD>
+HWY_NOINLINE void transpose_q(const PartialTask& t, int32_t rows, int64_t rows_pad, float* HWY_RESTRICT qt) {
+  std::fill(qt, qt + kD * rows_pad, 0.f);
+  for (int32_t r = 0; r < rows; ++r) {
+    const float* q = t.position[r / t.heads].q + static_cast<int64_t>(r % t.heads) * kD;
+    for (int64_t d = 0; d < kD; ++d) qt[d * rows_pad + r] = q[d];
+  }
+}
+
+// Scores of kVecs row vectors (rows r0 .. r0 + kVecs * lanes) against kLaneTokens
+// fp32 key rows kt[]; writes out[r * kSubBlockTokens + t + j] for the rows below
+// `rows` and j < count.
+template <int kD, int kVecs>
+HWY_INLINE void score_lanes_step(const float* HWY_RESTRICT qt, int64_t rows_pad, int64_t r0, int32_t rows,
+                                 const float* HWY_RESTRICT const* kt, float* HWY_RESTRICT out, int64_t t,
+                                 int64_t count) {
+  const DF df;
+  VF acc[kVecs][kLaneTokens];
+  for (int v = 0; v < kVecs; ++v) {
+    const VF q = hn::Load(df, qt + r0 + v * kRowLanes);
+    for (int j = 0; j < kLaneTokens; ++j) acc[v][j] = hn::Mul(q, hn::Set(df, kt[j][0]));
+  }
+#pragma GCC unroll 4
+  for (int64_t d = 1; d < kD; ++d) {
+    const float* HWY_RESTRICT qd = qt + d * rows_pad + r0;
+    for (int v = 0; v < kVecs; ++v) {
+      const VF q = hn::Load(df, qd + v * kRowLanes);
+      for (int j = 0; j < kLaneTokens; ++j) acc[v][j] = hn::MulAdd(q, hn::Set(df, kt[j][d]), acc[v][j]);
+    }
+  }
+  HWY_ALIGN float lanes[kLaneTokens][kRowLanes];
+  for (int v = 0; v < kVecs; ++v) {
+    for (int j = 0; j < kLaneTokens; ++j) hn::Store(acc[v][j], df, lanes[j]);
+    const int64_t first = r0 + v * kRowLanes;
+    const int64_t live = std::min<int64_t>(kRowLanes, rows - first);
+    for (int64_t i = 0; i < live; ++i) {
+      float* row = out + (first + i) * kSubBlockTokens + t;
+      for (int64_t j = 0; j < count; ++j) row[j] = lanes[j][i];
+    }
+  }
+}
+
+// All rows' scores against the n fp32 key rows at k ([n][kD]), into
+// out[r * kSubBlockTokens + j]. The first row vectors request kLinesPerToken
+// lines per token as they go.
+template <int kD, int64_t kLinesPerToken>
+HWY_NOINLINE void score_lanes(const float* HWY_RESTRICT qt, int64_t rows_pad, int32_t rows, const float* HWY_RESTRICT k,
+                              int64_t n, float* HWY_RESTRICT out, LinePrefetch& prefetch) {
+  // Two row vectors share each broadcast key element where the registers hold
+  // them (16 accumulators: AVX-512's 32 registers; AVX2's 16 hold one).
+  constexpr int kPair = kWideTarget ? 2 : 1;
+  const float* HWY_RESTRICT kt[kLaneTokens];
+  bool first = true;
+  for (int64_t r0 = 0; r0 < rows; ) {
+    const bool pair = kPair == 2 && r0 + kRowLanes < rows;
+    for (int64_t t = 0; t < n; t += kLaneTokens) {
+      const int64_t count = std::min<int64_t>(kLaneTokens, n - t);
+      // A tail shorter than a step repeats the last key; its scores are dropped.
+      for (int j = 0; j < kLaneTokens; ++j) kt[j] = k + std::min<int64_t>(t + j, n - 1) * kD;
+      if (first) prefetch.step(kLinesPerToken * count);
+      if (pair) {
+        score_lanes_step<kD, kPair>(qt, rows_pad, r0, rows, kt, out, t, count);
+      } else {
+        score_lanes_step<kD, 1>(qt, rows_pad, r0, rows, kt, out, t, count);
+      }
+    }
+    first = false;
+    r0 += pair ? 2 * kRowLanes : kRowLanes;
+  }
+}
+
 // 2^x for x <= 0 (a score minus its row max), vectorised: Highway 1.0.3 has
 // no Exp2. x = n + f with f in [-0.5, 0.5]; 2^f from its degree-7 Taylor series
 // (truncation 5e-9, below fp32 rounding); 2^n built in the exponent bits.
@@ -343,10 +431,14 @@ void partial_impl(const PartialTask& t) {
   const int32_t rows = t.positions * t.heads;
   constexpr int64_t kTile = tile_tokens(kD);
 
-  // Scratch: scores [rows][kSubBlockTokens] | sub-block acc [rows][kD] | tile [kTile][kD].
+  // Scratch: scores [rows][kSubBlockTokens] | sub-block acc [rows][kD] | tile [kTile][kD]
+  // | (rows in lanes) transposed q [kD][rows_pad].
   float* scores = t.scratch;
   float* sub_acc = scores + static_cast<int64_t>(rows) * kSubBlockTokens;
   float* tile = sub_acc + static_cast<int64_t>(rows) * kD;
+  float* qt = tile + kTile * kD;
+  const bool rows_in_lanes = g.group_size() >= kLaneRowsMinGroup;
+  const int64_t rows_pad = (rows + kRowLanes - 1) / kRowLanes * kRowLanes;
 
   // Row r = (position, head) of the task writes its state at out(r).
   auto out = [&](int32_t r) { return t.position[r / t.heads].partial + r % t.heads; };
@@ -363,8 +455,9 @@ void partial_impl(const PartialTask& t) {
   const int64_t lines_per_row = kLinesPerRow;
   LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * lines_per_row);
   // One row block reads the cache directly; more share a converted tile.
-  const bool direct_k = rows <= kRowBlock;
+  const bool direct_k = rows <= kRowBlock && !rows_in_lanes;
   const bool direct_v = t.heads <= kRowBlock && t.positions == 1;
+  if (rows_in_lanes) transpose_q<kD>(t, rows, rows_pad, qt);
 
   const float* q_rows[kRowBlock];
   float* outs[kRowBlock];
@@ -389,6 +482,13 @@ void partial_impl(const PartialTask& t) {
         keys = tile;
       }
       prefetch.consumed(n * lines_per_row);
+      if (rows_in_lanes) {
+        score_lanes<kD, kLinesPerRow>(qt, rows_pad, rows, static_cast<const float*>(keys), n, scores + (pos - base),
+                                      prefetch);
+        prefetch.catch_up();
+        pos += n;
+        continue;
+      }
       // The first row block requests this stretch's worth of lines as it goes.
       bool first_block = true;
       for_row_blocks(rows, [&](auto block, int32_t r0) {

@@ -83,10 +83,13 @@ inline constexpr int64_t kSubBlockTokens = 256;
 // Most rows one task holds (the launch splits larger groups).
 inline constexpr int32_t kMaxTaskRows = 64;
 
-// Floats of scratch one task of `rows` rows needs.
+// Floats of scratch one task of `rows` rows needs: scores, sub-block
+// accumulators, a converted tile, and q transposed (rows rounded up to 16 lanes).
 inline int64_t partial_scratch_floats(int32_t rows, int32_t head_dim) {
   constexpr int64_t kTileTokens = 32;
-  return rows * kSubBlockTokens + rows * static_cast<int64_t>(head_dim) + kTileTokens * head_dim + 64;
+  const int64_t rows_pad = (rows + 15) / 16 * 16;
+  return rows * kSubBlockTokens + rows * static_cast<int64_t>(head_dim) + kTileTokens * head_dim +
+         rows_pad * head_dim + 64;
 }
 
 void compute_partial(const PartialTask& task);

@@ -116,7 +116,7 @@ class LinePrefetch {
       issued_ += lines;
       return;
     }
-    step_slow(std::min(lines, limit_ - issued_));
+    if (issued_ < limit_) step_slow(std::min(lines, limit_ - issued_));  // none when at the limit: no call
   }
   // The same with a count known at compile time (the score loop's): unrolled.
   template <int64_t kLines>
@@ -127,12 +127,11 @@ class LinePrefetch {
       issued_ += kLines;
       return;
     }
-    step_slow(std::min(kLines, limit_ - issued_));
+    if (issued_ < limit_) step_slow(std::min(kLines, limit_ - issued_));
   }
   void catch_up() { step_slow(limit_ - issued_); }
   int64_t ahead() const { return ahead_; }
 
- private:
  private:
   // Requests crossing into the next runs.
   HWY_NOINLINE void step_slow(int64_t lines) {

@@ -25,7 +25,9 @@ TEST_F(SimdTarget, Avx2SwitchesTheDispatchedTargetAndBestSwitchesBack) {
   EXPECT_STREQ(simd_target_name(), "AVX2");
   ASSERT_TRUE(select_simd_target("best").ok());
   EXPECT_EQ(simd_target_name(), best);
-  if (has(HWY_AVX3)) EXPECT_EQ(best, "AVX3") << "an AVX-512 CPU dispatches to AVX3 by default";
+  if (has(HWY_AVX3)) {
+    EXPECT_EQ(best, "AVX3") << "an AVX-512 CPU dispatches to AVX3 by default";
+  }
 }
 
 TEST_F(SimdTarget, Avx3IsThereExactlyWhenTheCpuHasAvx512) {

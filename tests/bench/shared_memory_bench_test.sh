@@ -49,7 +49,8 @@ stop_server() {
 }
 
 # Objects of other pagoda-bench runs on this host (they are not this test's).
-ls /dev/shm 2>/dev/null | grep '^pagoda-bench-' | sort >"$tmp/before" || true
+bench_objects() { find /dev/shm -maxdepth 1 -name 'pagoda-bench-*' 2>/dev/null | sort; }
+bench_objects >"$tmp/before"
 
 shape=(--batch 32 --context 64 --steps 20 --warmup 2 --rounds 1 --json)
 
@@ -81,7 +82,7 @@ grep -q "FAILED_PRECONDITION.*--allow-shared-memory" "$tmp/off.txt" \
   || fail "the refusal does not name --allow-shared-memory: $(tail -n 5 "$tmp/off.txt")"
 stop_server
 
-ls /dev/shm 2>/dev/null | grep '^pagoda-bench-' | sort >"$tmp/after" || true
+bench_objects >"$tmp/after"
 left="$(comm -13 "$tmp/before" "$tmp/after")"
 [ -z "$left" ] || fail "shared-memory objects left behind: $left"
 echo "shared_memory_bench_test: PASS"

@@ -3,7 +3,7 @@
 # scripts/bundle-gpu.sh: nvidia-smi, the CUDA tests, the kernel benchmark
 # (batch 64, contexts 512/2048/8192, 32 query / 8 KV heads, head_dim 128, bf16,
 # deterministic and fast), compute-sanitizer over a few test shapes, PyTorch's SDPA on the same shape when torch is there,
-# and pagoda-server on the CUDA backend under a short pagoda-bench service load.
+# and pagoda-server on the CUDA backend under a short pagoda-bench service load, over the socket and through shared memory.
 # Logs and JSON go under OUTDIR; summary.txt lists every step's exit status.
 #
 #   scripts/gpu-check.sh OUTDIR [BUNDLE_DIR]     (default bundle: build-gpu)
@@ -96,7 +96,7 @@ if [[ -x "$bin/pagoda-server" && -x "$bin/pagoda-bench" ]]; then
   port=50151
   "$bin/pagoda-server" --backend cuda --listen "127.0.0.1:$port" \
     --metrics-address 127.0.0.1:9565 --layers 4 --q-heads 32 --kv-heads 8 --head-dim 128 \
-    --cache-dtype bf16 --block-size 16 --num-blocks 32768 --split-tokens 512 \
+    --cache-dtype bf16 --block-size 16 --num-blocks 32768 --split-tokens 512 --allow-shared-memory \
     >"$out/server.out" 2>"$out/server.log" &
   server=$!
   for _ in $(seq 60); do
@@ -107,6 +107,10 @@ if [[ -x "$bin/pagoda-server" && -x "$bin/pagoda-bench" ]]; then
   step service 180 "$bin/pagoda-bench" service --server "127.0.0.1:$port" --clients 4 \
     --batch 16 --context 2048 --layers 4 --duration 10 --dtype bf16 --mode both \
     --no-inprocess --json
+  # The same load with the tensors in shared memory (docs/design.md §15).
+  step service-shm 180 "$bin/pagoda-bench" service --server "127.0.0.1:$port" --clients 4 \
+    --batch 16 --context 2048 --layers 4 --duration 10 --dtype bf16 --mode both \
+    --no-inprocess --shared-memory --json
   kill -TERM "$server" 2>/dev/null
   for _ in $(seq 40); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
   kill -KILL "$server" 2>/dev/null

@@ -54,9 +54,10 @@ void print_table(const ServiceReport& r) {
              "max batch {} / wait {} us\n",
              r.server, c.backend, c.device_name, c.num_q_heads, c.num_kv_heads, c.head_dim,
              dtype_name(c.cache_dtype), c.block_size, c.split_tokens, c.max_batch, c.max_batch_wait_us);
-  fmt::print("shape: clients {}, batch {}, context {}, layers {}, in_flight {}, wire dtype {}, {}\n\n",
+  fmt::print("shape: clients {}, batch {}, context {}, layers {}, in_flight {}, wire dtype {}, {}{}\n\n",
              s.clients, s.batch, s.context, s.layers, s.in_flight, dtype_name(s.dtype),
-             s.append ? "each call appends one token per sequence" : "no appends");
+             s.append ? "each call appends one token per sequence" : "no appends",
+             s.shared_memory ? ", tensors in shared memory" : "");
   const auto header = "{:<11} {:>7} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n";
   fmt::print(fmt::runtime(header), "mode", "calls", "ctx", "p50 us", "p90 us", "p99 us", "mean us",
              "calls/s", "seqs/s", "KV GB/s", "srv q us", "srv c us", "srv t us", "out us", "svc/inpr");
@@ -97,8 +98,8 @@ void print_json(const ServiceReport& r) {
              quoted(c.backend), quoted(c.device_name), c.num_q_heads, c.num_kv_heads, c.head_dim,
              c.block_size, dtype_name(c.cache_dtype), c.split_tokens, c.deterministic, c.max_batch,
              c.max_batch_wait_us);
-  fmt::print(R"(  "shape": {{"clients": {}, "batch": {}, "context": {}, "layers": {}, "in_flight": {}, "dtype": "{}", "append": {}}},)" "\n",
-             s.clients, s.batch, s.context, s.layers, s.in_flight, dtype_name(s.dtype), s.append);
+  fmt::print(R"(  "shape": {{"clients": {}, "batch": {}, "context": {}, "layers": {}, "in_flight": {}, "dtype": "{}", "append": {}, "shared_memory": {}}},)" "\n",
+             s.clients, s.batch, s.context, s.layers, s.in_flight, dtype_name(s.dtype), s.append, s.shared_memory);
   fmt::print("  \"modes\": [\n");
   for (size_t i = 0; i < r.modes.size(); ++i) {
     const ModeReport& m = r.modes[i];

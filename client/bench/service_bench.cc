@@ -155,6 +155,9 @@ void add_service_command(CLI::App& app, int& exit_code) {
   sub->add_flag("--shared-prefix", a->shape.shared_prefix,
                "Each client's sequences are forks of one parent holding the context (ForkSequence count): whole "
                "chunks are shared and read once");
+  sub->add_flag("--shared-memory", a->shape.shared_memory,
+                "q, k, v and the output in a registered POSIX shared-memory region per client (the server needs "
+                "--allow-shared-memory): calls carry references instead of tensor bytes");
   sub->add_option("--window", a->shape.window, "Sliding window of every call (0 = none)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_option("--dtype", a->dtype, "Wire dtype of q, k, v")

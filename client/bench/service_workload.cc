@@ -7,9 +7,11 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "pagoda/key_ranges.h"
 #include "random_tensors.h"
+#include "shm_tensors.h"
 
 namespace pagoda::bench {
 namespace {
@@ -82,7 +84,17 @@ class ClientThread {
                          .kv_dtype = shape_.dtype};
     a.q_lengths = q_lengths_;
     a.sliding_window = shape_.window;
+    if (shm_) shm_->name_in(a);
     return a;
+  }
+
+  // Moves this client's tensors into a registered region `name` (--shared-memory).
+  client::Outcome use_shared_memory(const std::string& name) {
+    const int64_t out_elems = static_cast<int64_t>(tensors_.q.size());  // the output has q's shape and dtype
+    auto placed = ShmTensors::place(client_, name, tensors_.q, kv(tensors_.k), kv(tensors_.v), out_elems, shape_.dtype);
+    if (!placed.ok()) return placed.error();
+    shm_.emplace(std::move(*placed));
+    return client::Done{};
   }
 
   std::span<const float> kv(const std::vector<float>& t) const {
@@ -144,6 +156,7 @@ class ClientThread {
   StepTensors tensors_;
   int64_t token_kv_bytes_ = 0;
   std::vector<int32_t> q_lengths_;  // [batch] q_len each, or empty for one row
+  std::optional<ShmTensors> shm_;   // --shared-memory: where q, k, v and the output lie
 };
 
 }  // namespace
@@ -250,6 +263,11 @@ RunResult run_clients(const client::ConnectionFlags& server, const client::Serve
       ThreadResult& out = results[ci];
       auto c = server.connect();
       ClientThread worker(*c, config, shape, seqs[ci], 1000 + ci);
+      if (shape.shared_memory && mode != CallMode::kGetConfig) {
+        // One region per client, named by process and client (unique on the host).
+        auto placed = worker.use_shared_memory(fmt::format("pagoda-bench-{}-c{}", getpid(), ci));
+        if (!placed.ok()) out.failed(placed.error());
+      }
       const PhaseEnd warm{shape.warmup, std::nullopt};
       std::unique_ptr<client::DecodeStream> stream;
       if (mode == CallMode::kStream) {

@@ -31,6 +31,9 @@ struct WorkloadShape {
   // Each client's sequences are forks of one parent holding the context
   // (ForkSequence count): their whole chunks are shared and read once.
   bool shared_prefix = false;
+  // q, k, v and the output lie in a shared-memory region per client (a server
+  // with --allow-shared-memory): calls carry references, not tensor bytes.
+  bool shared_memory = false;
   DType dtype = DType::kFloat32;  // wire dtype of q, k, v
 };
 

@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "rpc/cache_range.h"
+#include "rpc/kv_values.h"
 #include "rpc/decode_response.h"
 
 namespace pagoda {
@@ -51,8 +51,8 @@ Status admit_decode(const v1::DecodeRequest& request, int64_t wire_bytes, const 
   PAGODA_RETURN_IF_ERROR(decode_request(request, settings.geometry, settings.max_batch, work, sources));
   if (work.k != nullptr) {
     PAGODA_RETURN_IF_ERROR(check_request_tokens("k", work.rows, settings));
-    PAGODA_RETURN_IF_ERROR(check_cache_range(work.k, work.v, work.kv_dtype, work.rows, settings.geometry,
-                                             settings.kv_scale(work.layer)));
+    PAGODA_RETURN_IF_ERROR(check_kv_values(work.k, work.v, work.kv_dtype, work.rows, settings.geometry,
+                                           settings.kv_scale(work.layer)));
   }
   const CacheGeometry& g = settings.geometry;
   std::byte* out = nullptr;
@@ -85,8 +85,8 @@ Status admit_append(const v1::AppendKVRequest& request, int64_t wire_bytes, cons
   PAGODA_RETURN_IF_ERROR(check_message_size(wire_bytes, settings));
   PAGODA_RETURN_IF_ERROR(decode_request(request, settings.geometry, work, sources));
   PAGODA_RETURN_IF_ERROR(check_request_tokens("k", work.num_tokens, settings));
-  return check_cache_range(work.k, work.v, work.dtype, work.num_tokens, settings.geometry,
-                           settings.kv_scale(work.layer));
+  return check_kv_values(work.k, work.v, work.dtype, work.num_tokens, settings.geometry,
+                         settings.kv_scale(work.layer));
 }
 
 Status admit_create(const v1::CreateSequenceRequest& request, const ServiceSettings& settings) {

@@ -21,14 +21,15 @@ inline constexpr int32_t kMaxForkCount = 4096;
 
 // Decode, and each DecodeStream request: its size as received (`wire_bytes`,
 // RESOURCE_EXHAUSTED past --max-message-bytes), every field
-// (request_decoding.h), the tokens it appends (--max-request-tokens); then its
+// (request_decoding.h), the tokens it appends (--max-request-tokens) and their
+// values (finite, within the cache's range: one pass, kv_values.h); then its
 // response buffers are sized and `work`'s outputs pointed at them.
 // Tensors may lie in the caller's shared-memory regions (`sources`), and the
 // output and LSE go into them when output_shm / lse_shm name a range.
 Status admit_decode(const v1::DecodeRequest& request, int64_t wire_bytes, const ServiceSettings& settings,
                     DecodeWork& work, v1::DecodeResponse& response, const TensorSources& sources = {});
 
-// AppendKV: size, fields, tokens.
+// AppendKV: size, fields, tokens, values.
 Status admit_append(const v1::AppendKVRequest& request, int64_t wire_bytes, const ServiceSettings& settings,
                     AppendWork& work, const TensorSources& sources = {});
 

@@ -180,8 +180,7 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
       return InvalidArgument("v.dtype: expected the dtype of k ({}), received {}", v1::DType_Name(r.k().dtype()),
                              v1::DType_Name(r.v().dtype()));
     }
-    PAGODA_RETURN_IF_ERROR(check_finite("k", *k, g.num_kv_heads, g.head_dim));
-    PAGODA_RETURN_IF_ERROR(check_finite("v", *v, g.num_kv_heads, g.head_dim));
+    // Their values are checked by admission, in one pass with the cache's range (kv_values.h).
     work.k = k->data;
     work.v = v->data;
     work.kv_dtype = k->dtype;
@@ -251,8 +250,6 @@ Status decode_request(const v1::AppendKVRequest& r, const CacheGeometry& g, Appe
   if (k->rows < 1 || k->rows > INT32_MAX) {
     return InvalidArgument("k.shape[0]: expected 1 to {} tokens, received {}", INT32_MAX, k->rows);
   }
-  PAGODA_RETURN_IF_ERROR(check_finite("k", *k, g.num_kv_heads, g.head_dim));
-  PAGODA_RETURN_IF_ERROR(check_finite("v", *v, g.num_kv_heads, g.head_dim));
   if (r.has_expected_length() && r.expected_length() < 0) {
     return InvalidArgument("expected_length: expected >= 0, received {}", r.expected_length());
   }

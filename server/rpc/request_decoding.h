@@ -1,9 +1,10 @@
 #pragma once
 // Checks requests against the server's geometry using the request's own bytes
 // (no copy of a tensor) and turns them into engine work. This is where every
-// request field is validated; the engine, the cache manager and the backends
-// take what it produces as given. Every message names the field and the
-// expected vs. received value.
+// request field is validated but the K/V values, which admission checks in
+// one pass with the cache's range (kv_values.h); the engine, the cache
+// manager and the backends take what it produces as given. Every message
+// names the field and the expected vs. received value.
 
 #include <cstdint>
 #include <initializer_list>
@@ -38,8 +39,7 @@ StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::i
                                   const TensorSources& sources = {});
 
 // INVALID_ARGUMENT naming the first non-finite element of `t` (rows x heads x
-// head_dim values), with its row, head and element: one NaN in a cache poisons
-// every later step of its sequence (docs/design.md §11).
+// head_dim values), with its row, head and element (the sinks).
 Status check_finite(const char* field, const TensorView& t, int32_t heads, int32_t head_dim);
 
 // Validates a DecodeRequest and fills `work`'s inputs. `max_batch` bounds

@@ -5,7 +5,6 @@
 #include <spdlog/spdlog.h>
 
 #include "rpc/admission.h"
-#include "rpc/cache_range.h"
 #include "rpc/decode_response.h"
 #include "rpc/grpc_status.h"
 

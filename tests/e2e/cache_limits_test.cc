@@ -3,6 +3,10 @@
 // caches refuse finite values past their range (nothing appended) instead of
 // storing +-inf, and the refusals name the right field and say why.
 #include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "e2e_fixture.h"
 
@@ -81,6 +85,39 @@ TEST_F(Fp16RangeTest, FiniteValuesPastTheRangeAreRefusedAndNothingIsAppended) {
   ASSERT_TRUE(session_.decode(0, {id}, random_q(1), r).ok());
   for (float x : tensor_values(r.output())) ASSERT_TRUE(std::isfinite(x)) << x;
   for (float x : tensor_values(r.lse())) ASSERT_TRUE(std::isfinite(x)) << x;
+}
+
+// The finite and range checks are one pass over each tensor: the first bad
+// element of k (then of v) is named, whichever check it fails.
+TEST_F(Fp16RangeTest, TheFirstBadElementIsNamedWhicheverCheckItFails) {
+  uint64_t id = 0;
+  ASSERT_TRUE(session_.create(id).ok());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::vector<std::pair<int, float>> k_bad, v_bad;  // (index, value)
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{{2, nan}, {9, 1e5f}}, {}, "k[2]: expected finite values, received nan (row 0, head 0, element 2)"},
+      {{{2, 1e5f}, {9, inf}}, {},
+       "k[2]: expected values within the fp16 cache's range [-65504, 65504], received 100000 (row 0, head 0, "
+       "element 2)"},
+      {{}, {{130, -inf}}, "v[130]: expected finite values, received -inf (row 1, head 0, element 2)"},
+      {{{200, 7e4f}}, {{0, nan}}, "k[200]: expected values within the fp16 cache's range [-65504, 65504], "
+                                 "received 70000 (row 1, head 1, element 8)"},
+  };
+  for (const Case& c : cases) {
+    std::vector<float> k = random_kv(2), v = random_kv(2);
+    for (auto [i, x] : c.k_bad) k[static_cast<size_t>(i)] = x;
+    for (auto [i, x] : c.v_bad) v[static_cast<size_t>(i)] = x;
+    const grpc::Status append = session_.append(id, 0, k, v);
+    EXPECT_EQ(append.error_code(), grpc::INVALID_ARGUMENT) << c.message;
+    EXPECT_EQ(append.error_message(), c.message);
+  }
+  v1::GetSequenceResponse info;
+  ASSERT_TRUE(session_.get(id, info).ok());
+  EXPECT_EQ(info.layer_lengths(0), 0);
 }
 
 class Bf16RangeTest : public ServerTest {

@@ -22,9 +22,10 @@ constexpr int32_t kLayer = kTableLayer;
 void run_table_case(const Case& c) {
   CacheGeometry g;
   g.num_layers = 2;
-  g.num_kv_heads = kTableKvHeads;
-  g.num_q_heads = kTableKvHeads * c.gqa;
+  g.num_kv_heads = c.kv_heads;
+  g.num_q_heads = c.kv_heads * c.gqa;
   g.head_dim = c.head_dim;
+  g.v_head_dim = c.v_head_dim;
   g.block_size = c.block_size;
   g.dtype = c.cache;
   int32_t blocks = 8;  // spare blocks that stay free (and NaN)

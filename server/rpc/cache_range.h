@@ -16,6 +16,7 @@ namespace pagoda {
 // num_kv_heads x head_dim values of dtype `wire`, already known finite) whose
 // stored value (x / the layer's scale) is outside the cache dtype's range, with
 // its row, head and element, the value and the range. Nothing is changed.
+// v is null when V is K's prefix (latent attention).
 Status check_cache_range(const void* k, const void* v, DType wire, int64_t rows, const CacheGeometry& g,
                          KvScale scale);
 

@@ -15,15 +15,15 @@ namespace {
 using Case = DecodeCase;
 constexpr auto& kLengths = kTableLengths;
 constexpr int32_t kLayer = kTableLayer;
-constexpr int32_t kKvHeads = kTableKvHeads;
 constexpr int32_t kSplitTokens = kTableSplitTokens;
 
 CacheGeometry geometry_for(const Case& c) {
   CacheGeometry g;
   g.num_layers = 2;
-  g.num_kv_heads = kKvHeads;
-  g.num_q_heads = kKvHeads * c.gqa;
+  g.num_kv_heads = c.kv_heads;
+  g.num_q_heads = c.kv_heads * c.gqa;
   g.head_dim = c.head_dim;
+  g.v_head_dim = c.v_head_dim;
   g.block_size = c.block_size;
   g.dtype = c.cache;
   int32_t blocks = 8;  // spare blocks that stay free (and NaN)

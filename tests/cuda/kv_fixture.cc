@@ -128,10 +128,12 @@ int32_t KvFixture::add_sequence(int32_t layer, int32_t length, const Queries* sp
       for (int32_t i = 0; i < g.head_dim; ++i) {
         const size_t src = static_cast<size_t>(t) * row + h * g.head_dim + i;
         float key = u(rng_);
-        if (spike != nullptr && t == length - 1) {
+        // Latent attention: the row's V prefix stays in [-1, 1]; its K tail carries the spike.
+        if (spike != nullptr && t == length - 1 && (!g.latent() || i >= g.v_dim())) {
           const size_t q_at =
               (static_cast<size_t>(spike_row) * g.num_q_heads + h * g.group_size()) * g.head_dim + i;
-          key = 0.5f * static_cast<float>(spike->values[q_at]);
+          // 64 tail elements need a larger factor than a whole row to hold the row max.
+          key = (g.latent() ? 4.f : 0.5f) * static_cast<float>(spike->values[q_at]);
         }
         k[src] = round_to(g.dtype, key);
         v[src] = round_to(g.dtype, u(rng_));
@@ -188,7 +190,7 @@ Decoded KvFixture::decode(size_t backend, int32_t layer, const std::vector<int32
   launch.mode = mode;
   launch.split_tokens = split_tokens;
   Decoded d;
-  d.out_bytes.assign(rows * g.head_dim * dtype_size(q.dtype), 0);
+  d.out_bytes.assign(rows * g.v_dim() * dtype_size(q.dtype), 0);
   d.lse.assign(rows, 0.f);
   d.splits.assign(seqs.size(), -1);
   DecodeOutputs out;
@@ -198,7 +200,7 @@ Decoded KvFixture::decode(size_t backend, int32_t layer, const std::vector<int32
   const Status s = streams_[backend]->decode(launch, out);
   EXPECT_TRUE(s.ok()) << backends_[backend]->name() << " decode: " << s.message();
   d.chunk_tokens = out.chunk_tokens;
-  d.out.resize(rows * g.head_dim);
+  d.out.resize(rows * g.v_dim());
   convert_to_float(d.out_bytes.data(), q.dtype, d.out.data(), static_cast<int64_t>(d.out.size()));
   return d;
 }

@@ -33,7 +33,7 @@ client::Result<InprocessResult> measure_inprocess(const client::ServerConfig& co
                                    .num_kv_heads = config.num_kv_heads, .head_dim = config.head_dim,
                                    .block_size = config.block_size,
                                    .num_blocks = std::max(1, per_seq * shape.batch),
-                                   .dtype = config.cache_dtype};
+                                   .dtype = config.cache_dtype, .v_head_dim = config.v_head_dim};
   auto backend = make_backend(options);
   if (!backend.ok()) return from_status(backend.status(), "make_backend");
   auto stream = (*backend)->open_stream();
@@ -49,7 +49,7 @@ client::Result<InprocessResult> measure_inprocess(const client::ServerConfig& co
     for (int32_t t = 0; t < shape.context; ++t)
       slots[t] = flat_slot(b * per_seq + t / config.block_size, t % config.block_size, config.block_size);
     const KvWrite w{.layer = 0, .num_tokens = shape.context, .slots = slots.data(), .k = k.data(),
-                    .v = v.data(), .dtype = DType::kFloat32};
+                    .v = config.latent() ? nullptr : v.data(), .dtype = DType::kFloat32};
     if (Status s = be.write_kv(std::span<const KvWrite>(&w, 1)); !s.ok()) return from_status(s, "write_kv");
   }
 
@@ -60,7 +60,7 @@ client::Result<InprocessResult> measure_inprocess(const client::ServerConfig& co
   const int32_t q_len = std::min(shape.q_len, std::max(shape.context, 1));
   const int64_t rows = static_cast<int64_t>(shape.batch) * q_len;
   const auto q = rng.normal(rows * config.q_row());
-  std::vector<float> out(q.size());                                  // [rows, q_heads, head_dim]
+  std::vector<float> out(static_cast<size_t>(rows * config.out_row()));  // [rows, q_heads, v_head_dim]
   std::vector<float> lse(static_cast<size_t>(rows) * config.num_q_heads);  // [rows, q_heads]
   std::vector<int32_t> q_indptr(shape.batch + 1);
   for (int32_t b = 0; b <= shape.batch; ++b) q_indptr[b] = b * q_len;

@@ -29,6 +29,7 @@ struct KernelOptions {
   int32_t q_heads = 32;
   int32_t kv_heads = 8;
   int32_t head_dim = 128;
+  int32_t v_head_dim = 0;  // 0: head_dim; less: latent attention (V the prefix of K's rows)
   int32_t block_size = 16;
   std::string dtype = "fp16";
   std::vector<std::string> modes = {"deterministic", "fast"};
@@ -74,7 +75,8 @@ Status fill_cache(BackendStream& stream, const CacheGeometry& g, const KernelOpt
           v[t * row + e] = value_at(id + 1);
         }
       }
-      const KvWrite w{0, n, slots.data(), k.data(), v.data(), DType::kFloat32};
+      // Latent attention stores K alone; V is read from its rows.
+      const KvWrite w{0, n, slots.data(), k.data(), g.latent() ? nullptr : v.data(), DType::kFloat32};
       PAGODA_RETURN_IF_ERROR(stream.write_kv(std::span<const KvWrite>(&w, 1)));
       if (naive != nullptr) naive->store(b, t0, n, k.data(), v.data());
     }
@@ -108,15 +110,15 @@ StatusOr<Timed> time_launch(BackendStream& stream, const DecodeLaunch& launch, D
   return Timed{median(times), median(baselines)};
 }
 
-// 2 FLOPs per multiply-add of q.k and of p.v: 4 * head_dim per key and query
-// head, over the keys every row attends.
+// 2 FLOPs per multiply-add of q.k (head_dim wide) and of p.v (v_head_dim
+// wide) per key and query head, over the keys every row attends.
 double launch_flops(const CacheGeometry& g, int32_t batch, int32_t context, int32_t q_len, int32_t window) {
   int64_t keys = 0;
   for (int32_t i = 0; i < q_len; ++i) {
     const KeySpan k = row_keys(context, q_len, i, window);
     keys += k.end - k.begin;
   }
-  return 4.0 * g.head_dim * g.num_q_heads * static_cast<double>(keys) * batch;
+  return 2.0 * (g.head_dim + g.v_dim()) * g.num_q_heads * static_cast<double>(keys) * batch;
 }
 
 int run(const KernelOptions& o) {
@@ -142,7 +144,8 @@ int run(const KernelOptions& o) {
   bo.kind = o.backend;
   bo.cpu_threads = o.threads;
   bo.max_batch = o.batch;
-  bo.geometry = {1, o.q_heads, o.kv_heads, o.head_dim, o.block_size, o.batch * blocks_per_seq, *dtype};
+  bo.geometry = {1, o.q_heads, o.kv_heads, o.head_dim, o.block_size, o.batch * blocks_per_seq, *dtype,
+                 o.v_head_dim != 0 ? o.v_head_dim : o.head_dim};
   auto made = make_backend(bo);
   if (!made.ok()) {
     fmt::print(stderr, "pagoda-bench kernel: {}\n", made.status().message());
@@ -175,7 +178,7 @@ int run(const KernelOptions& o) {
   const size_t max_rows = static_cast<size_t>(o.batch) * max_q_len;
   std::vector<float> q(max_rows * g.num_q_heads * g.head_dim);
   for (size_t i = 0; i < q.size(); ++i) q[i] = value_at(i + (1ull << 60));
-  std::vector<float> out(q.size()), lse(max_rows * g.num_q_heads);
+  std::vector<float> out(max_rows * g.num_q_heads * g.v_dim()), lse(max_rows * g.num_q_heads);
   std::vector<int32_t> splits(o.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
 
@@ -281,7 +284,10 @@ void add_kernel_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--q-heads", o->q_heads, "query heads");
   sub->add_option("--kv-heads", o->kv_heads, "KV heads");
-  sub->add_option("--head-dim", o->head_dim, "head dimension (64, 128, 256)");
+  sub->add_option("--head-dim", o->head_dim, "q and K head dimension (64, 128, 256, 576)");
+  sub->add_option("--v-head-dim", o->v_head_dim,
+                  "V and output head dimension (0 = --head-dim); less than --head-dim is latent attention, V the "
+                  "prefix of K's rows (576 with 512: MLA)");
   sub->add_option("--block-size", o->block_size, "tokens per block");
   sub->add_option("--dtype", o->dtype, "cache dtype: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2");
   sub->add_option("--mode", o->modes, "deterministic, fast (comma-separated)")

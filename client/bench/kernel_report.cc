@@ -11,6 +11,14 @@ constexpr const char* kBaselineMethod =
     "CPU: streaming XOR read of a buffer as large as the launch's K/V on the backend's threads; "
     "CUDA: device-to-device copy, bytes counted read + write";
 
+// FLOPs per byte of cache and query row: 2 (q.k) + 2 (p.v) per element pair
+// for each head of the group, over the bytes one key row of a KV head takes
+// (K and V, or K alone when V is its prefix).
+double flops_per_byte(const CacheGeometry& g) {
+  const double bytes = static_cast<double>(g.token_kv_bytes()) / g.num_kv_heads;
+  return 2.0 * (g.head_dim + g.v_dim()) * g.group_size() / bytes;
+}
+
 }  // namespace
 
 double KernelReport::roofline_seconds(const KernelRow& r) const {
@@ -25,10 +33,12 @@ const char* KernelReport::bound(const KernelRow& r) const {
 void print_table(const KernelReport& rep) {
   const CacheGeometry& g = rep.geometry;
   fmt::print("pagoda-bench kernel: {} on {}\n", rep.backend, rep.device);
-  fmt::print("shape: batch {}, {} q heads, {} kv heads (group {}), head_dim {}, {} cache, block {}; {:.1f} FLOP per "
-             "K/V byte and query row\nbaseline: {}\nK/V bytes: the keys the rows attend (a window reads fewer)\n\n",
-             rep.batch, g.num_q_heads, g.num_kv_heads, g.group_size(), g.head_dim, dtype_name(g.dtype), g.block_size,
-             2.0 * g.group_size() / static_cast<double>(dtype_size(g.dtype)), kBaselineMethod);
+  fmt::print("shape: batch {}, {} q heads, {} kv heads (group {}), head_dim {}, v_head_dim {}{}, {} cache, block {}; "
+             "{:.1f} FLOP per K/V byte and query row\nbaseline: {}\nK/V bytes: the keys the rows attend (a window "
+             "reads fewer)\n\n",
+             rep.batch, g.num_q_heads, g.num_kv_heads, g.group_size(), g.head_dim, g.v_dim(),
+             g.latent() ? " (latent: V is K's prefix)" : "", dtype_name(g.dtype), g.block_size, flops_per_byte(g),
+             kBaselineMethod);
   fmt::print("{:>7} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9}\n",
              "target", "context", "q_len", "window", "shared", "mode", "chunk", "kernel us", "K/V GB/s", "read GB/s",
              "of read", "FMA GF/s", "of roof", "bound", "vs naive", "vs twins");
@@ -46,11 +56,11 @@ void print_table(const KernelReport& rep) {
 void print_json(const KernelReport& rep) {
   const CacheGeometry& g = rep.geometry;
   fmt::print("{{\"benchmark\": \"kernel\", \"backend\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"batch\": {}, "
-             "\"q_heads\": {}, \"kv_heads\": {}, \"head_dim\": {}, \"dtype\": \"{}\", \"block_size\": {}, "
-             "\"split_tokens\": {}, \"flops_per_kv_byte_and_row\": {:.3f}, \"baseline_method\": \"{}\", \"rows\": [",
-             rep.backend, rep.device, rep.threads, rep.batch, g.num_q_heads, g.num_kv_heads, g.head_dim,
-             dtype_name(g.dtype), g.block_size, rep.split_tokens,
-             2.0 * g.group_size() / static_cast<double>(dtype_size(g.dtype)), kBaselineMethod);
+             "\"q_heads\": {}, \"kv_heads\": {}, \"head_dim\": {}, \"v_head_dim\": {}, \"dtype\": \"{}\", "
+             "\"block_size\": {}, \"split_tokens\": {}, \"flops_per_kv_byte_and_row\": {:.3f}, \"baseline_method\": "
+             "\"{}\", \"rows\": [",
+             rep.backend, rep.device, rep.threads, rep.batch, g.num_q_heads, g.num_kv_heads, g.head_dim, g.v_dim(),
+             dtype_name(g.dtype), g.block_size, rep.split_tokens, flops_per_byte(g), kBaselineMethod);
   for (size_t i = 0; i < rep.rows.size(); ++i) {
     const KernelRow& r = rep.rows[i];
     fmt::print("{}{{\"target\": \"{}\", \"context\": {}, \"q_len\": {}, \"window\": {}, \"shared_prefix\": {}, "

@@ -50,9 +50,9 @@ ModeReport make_mode_report(RunResult& run, const client::ServerConfig& config) 
 void print_table(const ServiceReport& r) {
   const auto& c = r.config;
   const auto& s = r.shape;
-  fmt::print("server {} ({} backend, {}): {} q / {} kv heads, head_dim {}, cache {}, block {}, split {}, "
-             "max batch {} / wait {} us\n",
-             r.server, c.backend, c.device_name, c.num_q_heads, c.num_kv_heads, c.head_dim,
+  fmt::print("server {} ({} backend, {}): {} q / {} kv heads, head_dim {}, v_head_dim {}, cache {}, block {}, "
+             "split {}, max batch {} / wait {} us\n",
+             r.server, c.backend, c.device_name, c.num_q_heads, c.num_kv_heads, c.head_dim, c.v_head_dim,
              dtype_name(c.cache_dtype), c.block_size, c.split_tokens, c.max_batch, c.max_batch_wait_us);
   fmt::print("shape: clients {}, batch {}, context {}, layers {}, in_flight {}, wire dtype {}, {}{}\n\n",
              s.clients, s.batch, s.context, s.layers, s.in_flight, dtype_name(s.dtype),

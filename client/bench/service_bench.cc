@@ -23,6 +23,7 @@ struct ServiceBenchArgs {
   bool inprocess = true;      // the in-process kernel for the throughput ratio
   int32_t rounds = 3;         // service / in-process rounds, interleaved
   int32_t inprocess_threads = 0;
+  int32_t v_head_dim = 0;     // > 0: the server must serve this v_head_dim (the shape being measured)
   bool json = false;
 };
 
@@ -74,6 +75,11 @@ int run(const ServiceBenchArgs& a) {
   if (!config.ok()) {
     fmt::print(stderr, "error: {}\n", config.error().to_string());
     return 1;
+  }
+  if (a.v_head_dim > 0 && a.v_head_dim != config->v_head_dim) {
+    fmt::print(stderr, "error: --v-head-dim: expected the server's v_head_dim ({}, head_dim {}), received {}\n",
+               config->v_head_dim, config->head_dim, a.v_head_dim);
+    return 2;
   }
   WorkloadShape shape = a.shape;
   shape.dtype = parse_dtype(a.dtype).value_or(DType::kFloat32);  // checked by the flag
@@ -169,6 +175,10 @@ void add_service_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--inprocess-threads", a->inprocess_threads, "In-process backend threads (0 = all cores)")
       ->capture_default_str();
+  sub->add_option("--v-head-dim", a->v_head_dim,
+                  "The v_head_dim the server must serve (0 = any): 512 with head_dim 576 measures latent attention "
+                  "(k-only appends, V the prefix of K's rows); the geometry itself is the server's")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_flag("--json", a->json, "Print JSON instead of a table");
   sub->callback([a, &exit_code] { exit_code = run(*a); });
 }

@@ -1,6 +1,7 @@
 #include "service_workload.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <deque>
 #include <latch>
@@ -73,15 +74,17 @@ class ClientThread {
     const int64_t rows = static_cast<int64_t>(shape.batch) * shape.q_len;
     tensors_.q = rng.normal(rows * config.q_row());
     tensors_.k = rng.normal(rows * config.kv_row());
-    tensors_.v = rng.normal(rows * config.kv_row());
+    if (!config.latent()) tensors_.v = rng.normal(rows * config.kv_row());  // latent: V is k's prefix
     if (shape.q_len > 1) q_lengths_.assign(static_cast<size_t>(shape.batch), shape.q_len);
-    token_kv_bytes_ = 2 * config.kv_row() * static_cast<int64_t>(dtype_size(config.cache_dtype));
+    token_kv_bytes_ = (config.latent() ? 1 : 2) * config.kv_row() * static_cast<int64_t>(dtype_size(config.cache_dtype));
+    // Explicit, because a latent-attention server has no default scale.
+    scale_ = 1.f / std::sqrt(static_cast<float>(config.head_dim));
   }
 
   client::DecodeArgs args(int64_t step) const {
     client::DecodeArgs a{.layer = static_cast<int32_t>(step % shape_.layers), .sequence_ids = seqs_.ids,
                          .q = tensors_.q, .k = kv(tensors_.k), .v = kv(tensors_.v), .q_dtype = shape_.dtype,
-                         .kv_dtype = shape_.dtype};
+                         .kv_dtype = shape_.dtype, .scale = scale_};
     a.q_lengths = q_lengths_;
     a.sliding_window = shape_.window;
     if (shm_) shm_->name_in(a);
@@ -155,6 +158,7 @@ class ClientThread {
   const ClientSequences& seqs_;
   StepTensors tensors_;
   int64_t token_kv_bytes_ = 0;
+  float scale_ = 0.f;
   std::vector<int32_t> q_lengths_;  // [batch] q_len each, or empty for one row
   std::optional<ShmTensors> shm_;   // --shared-memory: where q, k, v and the output lie
 };
@@ -174,12 +178,13 @@ client::Result<std::vector<ClientSequences>> prepare_sequences(client::Client& c
                                                                const client::ServerConfig& config,
                                                                const WorkloadShape& shape) {
   // Chunks of AppendKV that stay well under the server's receive limit.
-  const int64_t token_bytes = 2 * config.kv_row() * static_cast<int64_t>(dtype_size(shape.dtype));
+  const int64_t token_bytes =
+      (config.latent() ? 1 : 2) * config.kv_row() * static_cast<int64_t>(dtype_size(shape.dtype));
   const int64_t limit = config.max_message_bytes > 0 ? config.max_message_bytes : (4 << 20);
   const int64_t chunk = std::clamp<int64_t>(limit / 2 / token_bytes, 1, std::max(shape.context, 1));
   client::RandomTensors rng(7);
   const auto k = rng.normal(chunk * config.kv_row());
-  const auto v = rng.normal(chunk * config.kv_row());
+  const auto v = config.latent() ? std::vector<float>() : rng.normal(chunk * config.kv_row());  // latent: k alone
 
   auto filled = [&](const std::string& label) -> client::Result<uint64_t> {
     auto id = c.create_sequence(label);
@@ -187,7 +192,7 @@ client::Result<std::vector<ClientSequences>> prepare_sequences(client::Client& c
     for (int32_t layer = 0; layer < shape.layers; ++layer) {
       for (int64_t done = 0; done < shape.context; done += chunk) {
         const auto n = static_cast<size_t>(std::min(chunk, shape.context - done) * config.kv_row());
-        auto len = c.append_kv(*id, layer, std::span(k).first(n), std::span(v).first(n), shape.dtype);
+        auto len = c.append_kv(*id, layer, std::span(k).first(n), std::span(v).first(v.empty() ? 0 : n), shape.dtype);
         if (!len.ok()) return len.error();
       }
     }

@@ -31,6 +31,7 @@ void print_config(const ServerConfig& c) {
   fmt::print("layers             {}\n", c.num_layers);
   fmt::print("q_heads / kv_heads {} / {}\n", c.num_q_heads, c.num_kv_heads);
   fmt::print("head_dim           {}\n", c.head_dim);
+  fmt::print("v_head_dim         {}{}\n", c.v_head_dim, c.latent() ? " (latent attention: V is K's prefix)" : "");
   fmt::print("block_size         {} tokens\n", c.block_size);
   fmt::print("cache_dtype        {}\n", dtype_name(c.cache_dtype));
   if (!c.k_scales.empty()) fmt::print("k / v scales       {} / {}\n", c.k_scales, c.v_scales);
@@ -56,18 +57,26 @@ int run_append(const CliContext& ctx, const AppendArgs& a) {
   auto client = ctx.connect();
   auto config = client->config();
   if (!config.ok()) return report_error(config.error());
+  // A latent-attention server takes k alone (V is its rows' prefix).
   std::vector<float> k, v;
   if (!a.k_file.empty()) {
+    if (a.v_file.empty() != config->latent()) {
+      return report_error(invalid_argument(
+          config->latent() ? "--v-file: expected none on a latent-attention server (V is the prefix of K's rows)"
+                           : "--v-file: expected V with --k-file, received none"));
+    }
     auto kf = read_float_file(a.k_file);
     if (!kf.ok()) return report_error(kf.error());
-    auto vf = read_float_file(a.v_file);
-    if (!vf.ok()) return report_error(vf.error());
     k = std::move(*kf);
-    v = std::move(*vf);
+    if (!config->latent()) {
+      auto vf = read_float_file(a.v_file);
+      if (!vf.ok()) return report_error(vf.error());
+      v = std::move(*vf);
+    }
   } else {
     RandomTensors rng(a.seed);
     k = rng.normal(a.tokens * config->kv_row());
-    v = rng.normal(a.tokens * config->kv_row());
+    if (!config->latent()) v = rng.normal(a.tokens * config->kv_row());
   }
   const std::optional<int32_t> expected =
       a.expected_length >= 0 ? std::optional<int32_t>(a.expected_length) : std::nullopt;
@@ -121,7 +130,7 @@ int run_decode(const CliContext& ctx, const DecodeCliArgs& a) {
   std::vector<float> k, v;
   if (a.with_kv) {
     k = rng.normal(std::max<int64_t>(rows, 0) * config->kv_row());
-    v = rng.normal(std::max<int64_t>(rows, 0) * config->kv_row());
+    if (!config->latent()) v = rng.normal(std::max<int64_t>(rows, 0) * config->kv_row());  // else V is k's prefix
   }
   const DType dtype = to_dtype(a.dtype);
   args.q = q;
@@ -143,8 +152,8 @@ int run_decode(const CliContext& ctx, const DecodeCliArgs& a) {
     for (int32_t i = 0; i < n_rows; ++i, ++out_row) {
       const std::string who = a.q_lengths.empty() ? fmt::format("seq {}", a.sequence_ids[b])
                                                   : fmt::format("seq {} row {}", a.sequence_ids[b], i);
-      const auto row = r->output.begin() + out_row * config->q_row();
-      const auto n = std::min<int64_t>(a.show, config->q_row());
+      const auto row = r->output.begin() + out_row * config->out_row();
+      const auto n = std::min<int64_t>(a.show, config->out_row());
       fmt::print("{} output[0, :{}] = [{:.5f}]\n", who, n, fmt::join(row, row + n, ", "));
       if (!r->lse.empty()) {
         const auto l = r->lse.begin() + out_row * config->num_q_heads;
@@ -182,9 +191,9 @@ void add_rpc_commands(CLI::App& app, CliContext& ctx) {
   auto* kf = app_cmd->add_option("--k-file", append->k_file,
                                  "K as raw little-endian fp32 [n, kv_heads, head_dim]")
                  ->check(CLI::ExistingFile);
-  auto* vf = app_cmd->add_option("--v-file", append->v_file, "V, same shape as K")
+  auto* vf = app_cmd->add_option("--v-file", append->v_file,
+                                 "V, same shape as K (none on a latent-attention server: V is K's prefix)")
                  ->check(CLI::ExistingFile);
-  kf->needs(vf);
   vf->needs(kf);
   kf->excludes(tokens);
   add_dtype_option(app_cmd, append->dtype, "K and V");
@@ -201,9 +210,12 @@ void add_rpc_commands(CLI::App& app, CliContext& ctx) {
   dec->add_option("--seed", decode->seed, "Seed of the random q (and k/v)")->capture_default_str();
   dec->add_option("--q-file", decode->q_file, "q as raw little-endian fp32 [rows, q_heads, head_dim] (rows: sum of --q-lengths, else one per sequence)")
       ->check(CLI::ExistingFile);
-  dec->add_flag("--with-kv", decode->with_kv, "Append a random new token's K/V before attending");
+  dec->add_flag("--with-kv", decode->with_kv,
+                "Append a random new token's K/V before attending (k alone on a latent-attention server)");
   dec->add_flag("--lse", decode->lse, "Also return the log-sum-exp");
-  dec->add_option("--scale", decode->scale, "Softmax scale (0 = 1/sqrt(head_dim))")->capture_default_str();
+  dec->add_option("--scale", decode->scale,
+                  "Softmax scale (0 = 1/sqrt(head_dim); a latent-attention server needs the model's own)")
+      ->capture_default_str();
   dec->add_option("--show", decode->show, "Output values to print per sequence")->capture_default_str();
   add_dtype_option(dec, decode->dtype, "q, k, v and the output");
   dec->add_option("--q-lengths", decode->q_lengths,

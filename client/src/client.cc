@@ -98,7 +98,14 @@ Result<int32_t> Client::append_kv(uint64_t sequence_id, int32_t layer, std::span
   auto config = this->config();
   if (!config.ok()) return config.error();
   const int64_t row = config->kv_row();
-  if (k.size() != v.size() || k.size() % row != 0) {
+  if (config->latent()) {
+    if (!v.empty() || k.empty() || k.size() % row != 0) {
+      return invalid_argument(fmt::format(
+          "k, v: expected k alone, a multiple of num_kv_heads * head_dim = {}, on a latent-attention server "
+          "(V is the first {} elements of k's rows), received {} and {}",
+          row, config->v_head_dim, k.size(), v.size()));
+    }
+  } else if (k.size() != v.size() || k.size() % row != 0) {
     return invalid_argument(fmt::format(
         "k, v: expected equal sizes, a multiple of num_kv_heads * head_dim = {}, received {} and {}",
         row, k.size(), v.size()));
@@ -108,7 +115,7 @@ Result<int32_t> Client::append_kv(uint64_t sequence_id, int32_t layer, std::span
   req.set_sequence_id(sequence_id);
   req.set_layer(layer);
   wire::fill_tensor(*req.mutable_k(), k, dtype, {tokens, config->num_kv_heads, config->head_dim});
-  wire::fill_tensor(*req.mutable_v(), v, dtype, {tokens, config->num_kv_heads, config->head_dim});
+  if (!v.empty()) wire::fill_tensor(*req.mutable_v(), v, dtype, {tokens, config->num_kv_heads, config->head_dim});
   if (expected_length) req.set_expected_length(*expected_length);
   grpc::ClientContext ctx;
   impl_->prepare(ctx);
@@ -138,7 +145,10 @@ bool retryable(ErrorCode code) { return code == ErrorCode::kDeadlineExceeded || 
 }  // namespace
 
 Result<DecodeResult> Client::decode_step(const DecodeArgs& args, const RetryOptions& retry) {
-  if (args.k.empty() || args.v.empty()) {
+  auto config = this->config();
+  if (!config.ok()) return config.error();
+  // k alone on a latent-attention server (V is its prefix).
+  if (args.k.empty() || (args.v.empty() && !config->latent())) {
     return invalid_argument("k, v: expected the step's new K/V (decode_step appends), received none");
   }
   std::chrono::milliseconds wait = retry.backoff;

@@ -22,6 +22,7 @@ ServerConfig config_from_proto(const v1::GetConfigResponse& m) {
   c.num_q_heads = m.num_q_heads();
   c.num_kv_heads = m.num_kv_heads();
   c.head_dim = m.head_dim();
+  c.v_head_dim = m.v_head_dim() > 0 ? m.v_head_dim() : m.head_dim();  // 0: a server older than the field
   c.block_size = m.block_size();
   // Any cache dtype, fp8 included (an unknown one would be a server bug:
   // reported as fp32 rather than failing).
@@ -101,10 +102,16 @@ Result<v1::DecodeRequest> decode_request(const DecodeArgs& args, const ServerCon
     return size_mismatch("q", rows * config.q_row(), args.q.size(),
                          fmt::format("[{}, {}, {}]", rows, config.num_q_heads, config.head_dim));
   }
-  if (args.k_shm.has_value() != args.v_shm.has_value()) {
+  if (config.latent()) {
+    // V is the prefix of k's rows there: a v has no place.
+    if (args.v_shm.has_value() || !args.v.empty()) {
+      return invalid_argument(fmt::format("v: expected none on a latent-attention server (v_head_dim {} < head_dim "
+                                          "{}: V is the first {} elements of k's rows), received a v",
+                                          config.v_head_dim, config.head_dim, config.v_head_dim));
+    }
+  } else if (args.k_shm.has_value() != args.v_shm.has_value()) {
     return invalid_argument("k_shm, v_shm: expected both or neither");
-  }
-  if (args.k.empty() != args.v.empty()) {
+  } else if (args.k.empty() != args.v.empty()) {
     return invalid_argument(fmt::format("k, v: expected both or neither, received k with {} values "
                                         "and v with {}", args.k.size(), args.v.size()));
   }
@@ -127,10 +134,10 @@ Result<v1::DecodeRequest> decode_request(const DecodeArgs& args, const ServerCon
   }
   if (args.k_shm) {
     shm_tensor(*req.mutable_k(), *args.k_shm, args.kv_dtype, kv_shape_dims);
-    shm_tensor(*req.mutable_v(), *args.v_shm, args.kv_dtype, kv_shape_dims);
+    if (args.v_shm) shm_tensor(*req.mutable_v(), *args.v_shm, args.kv_dtype, kv_shape_dims);
   } else if (!args.k.empty()) {
     fill_tensor(*req.mutable_k(), args.k, args.kv_dtype, kv_shape_dims);
-    fill_tensor(*req.mutable_v(), args.v, args.kv_dtype, kv_shape_dims);
+    if (!args.v.empty()) fill_tensor(*req.mutable_v(), args.v, args.kv_dtype, kv_shape_dims);
   }
   if (args.output_shm) set_ref(*req.mutable_output_shm(), *args.output_shm);
   if (args.lse_shm) set_ref(*req.mutable_lse_shm(), *args.lse_shm);
@@ -156,7 +163,7 @@ Result<DecodeResult> decode_result(const v1::DecodeResponse& m, const ServerConf
   r.request_id = m.request_id();
   const auto out_dtype = dtype_from_wire(m.output().dtype(), "output");
   if (!out_dtype.ok()) return out_dtype.error();
-  const int64_t out_count = rows * config.q_row();
+  const int64_t out_count = rows * config.out_row();
   if (!m.output().has_shm()) {  // else the server wrote it into the caller's region
     auto output = decode_values(m.output().data(), *out_dtype, out_count, "output");
     if (!output.ok()) return output.error();

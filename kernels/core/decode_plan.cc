@@ -64,7 +64,8 @@ void DecodePlan::build(const DecodeLaunch& launch, const CacheGeometry& g, KvSca
     constants_.inv_soft_cap = 1.f / launch.soft_cap;
     constants_.soft_cap_log2 = launch.soft_cap * static_cast<float>(kLog2e);
   }
-  constants_.out_scale = kv.v;
+  // V read from K's rows (latent attention) carries K's scale.
+  constants_.out_scale = g.latent() ? kv.k : kv.v;
   constants_.has_sinks = launch.sinks != nullptr;
   sinks_log2_.clear();
   if (launch.sinks != nullptr) {

@@ -23,6 +23,17 @@ Status validate_geometry(const CacheGeometry& g) {
   if (!supported_head_dim(g.head_dim)) {
     return InvalidArgument("head_dim: expected {}, received {}", head_dim_list(), g.head_dim);
   }
+  // v_head_dim 0 means head_dim; V narrower than K only where the table says.
+  const int32_t v = v_head_dim_for(g.head_dim);
+  const int32_t v_got = g.v_head_dim < 0 ? g.v_head_dim : g.v_dim();
+  if (v_got != v) {
+    if (v == g.head_dim) {
+      return InvalidArgument("v_head_dim: expected {} (head_dim) with head_dim {}, received {}", v, g.head_dim, v_got);
+    }
+    return InvalidArgument("v_head_dim: expected {} with head_dim {} (V is the first {} elements of K's row), "
+                           "received {}",
+                           v, g.head_dim, v, v_got);
+  }
   if (!known_dtype(g.dtype)) {
     return InvalidArgument("cache dtype: expected {}, received {}", cache_dtype_list(), static_cast<int>(g.dtype));
   }

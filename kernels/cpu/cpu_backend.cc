@@ -58,6 +58,7 @@ StatusOr<std::unique_ptr<BackendStream>> CpuBackend::open_stream() {
 Status CpuStream::write_kv(std::span<const KvWrite> writes) {
   const CacheGeometry& g = backend_.geometry();
   const int64_t row = g.head_dim;
+  const bool with_v = !g.latent();  // latent attention: V is K's prefix, written with it
   for (const KvWrite& w : writes) {
     const size_t in_size = dtype_size(w.dtype);
     const KvScale scale = backend_.kv_scale(w.layer);
@@ -70,12 +71,16 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
       for (int32_t h = 0; h < g.num_kv_heads; ++h) {
         const int64_t src = (static_cast<int64_t>(i) * g.num_kv_heads + h) * row;
         const std::byte* k = static_cast<const std::byte*>(w.k) + src * in_size;
-        const std::byte* v = static_cast<const std::byte*>(w.v) + src * in_size;
         if (plain) {
           convert(k, w.dtype, backend_.k_at(w.layer, block, h, slot), g.dtype, row);
-          convert(v, w.dtype, backend_.v_at(w.layer, block, h, slot), g.dtype, row);
         } else {
           saturated += store_scaled(k, w.dtype, scale.k, backend_.k_at(w.layer, block, h, slot), g.dtype, row);
+        }
+        if (!with_v) continue;
+        const std::byte* v = static_cast<const std::byte*>(w.v) + src * in_size;
+        if (plain) {
+          convert(v, w.dtype, backend_.v_at(w.layer, block, h, slot), g.dtype, row);
+        } else {
           saturated += store_scaled(v, w.dtype, scale.v, backend_.v_at(w.layer, block, h, slot), g.dtype, row);
         }
       }
@@ -88,6 +93,7 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
 Status CpuStream::read_kv(int32_t layer, std::span<const int64_t> slots, void* k, void* v) {
   const CacheGeometry& g = backend_.geometry();
   const size_t row = static_cast<size_t>(g.head_dim) * dtype_size(g.dtype);
+  const bool with_v = !g.latent();
   auto* k_out = static_cast<std::byte*>(k);
   auto* v_out = static_cast<std::byte*>(v);
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -97,7 +103,7 @@ Status CpuStream::read_kv(int32_t layer, std::span<const int64_t> slots, void* k
     for (int32_t h = 0; h < g.num_kv_heads; ++h) {
       const size_t at = (i * static_cast<size_t>(g.num_kv_heads) + static_cast<size_t>(h)) * row;
       std::memcpy(k_out + at, backend_.k_at(layer, block, h, slot), row);
-      std::memcpy(v_out + at, backend_.v_at(layer, block, h, slot), row);
+      if (with_v) std::memcpy(v_out + at, backend_.v_at(layer, block, h, slot), row);
     }
   }
   return Status::Ok();
@@ -106,6 +112,7 @@ Status CpuStream::read_kv(int32_t layer, std::span<const int64_t> slots, void* k
 Status CpuStream::write_kv_raw(int32_t layer, std::span<const int64_t> slots, const void* k, const void* v) {
   const CacheGeometry& g = backend_.geometry();
   const size_t row = static_cast<size_t>(g.head_dim) * dtype_size(g.dtype);
+  const bool with_v = !g.latent();
   const auto* k_in = static_cast<const std::byte*>(k);
   const auto* v_in = static_cast<const std::byte*>(v);
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -115,7 +122,7 @@ Status CpuStream::write_kv_raw(int32_t layer, std::span<const int64_t> slots, co
     for (int32_t h = 0; h < g.num_kv_heads; ++h) {
       const size_t at = (i * static_cast<size_t>(g.num_kv_heads) + static_cast<size_t>(h)) * row;
       std::memcpy(backend_.k_at(layer, block, h, slot), k_in + at, row);
-      std::memcpy(backend_.v_at(layer, block, h, slot), v_in + at, row);
+      if (with_v) std::memcpy(backend_.v_at(layer, block, h, slot), v_in + at, row);
     }
   }
   return Status::Ok();
@@ -127,7 +134,7 @@ Status CpuStream::copy_block(int32_t src, int32_t dst) {
   const size_t bytes = g.block_stride() * dtype_size(g.dtype);
   for (int32_t layer = 0; layer < g.num_layers; ++layer) {
     std::memcpy(backend_.k_at(layer, dst, 0, 0), backend_.k_at(layer, src, 0, 0), bytes);
-    std::memcpy(backend_.v_at(layer, dst, 0, 0), backend_.v_at(layer, src, 0, 0), bytes);
+    if (!g.latent()) std::memcpy(backend_.v_at(layer, dst, 0, 0), backend_.v_at(layer, src, 0, 0), bytes);
   }
   return Status::Ok();
 }
@@ -140,7 +147,7 @@ Status CpuStream::poison_blocks(std::span<const int32_t> blocks) {
     assert(block >= 0 && block < g.num_blocks);
     for (int32_t layer = 0; layer < g.num_layers; ++layer) {
       std::memset(backend_.k_at(layer, block, 0, 0), 0xff, bytes);
-      std::memset(backend_.v_at(layer, block, 0, 0), 0xff, bytes);
+      if (!g.latent()) std::memset(backend_.v_at(layer, block, 0, 0), 0xff, bytes);
     }
   }
   return Status::Ok();
@@ -197,10 +204,12 @@ StatusOr<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& option
                               ? options.cpu_threads
                               : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
   const size_t bytes = static_cast<size_t>(g.pool_elements()) * dtype_size(g.dtype);
+  // Latent attention has no V pool: V is the prefix of each K row.
+  const int pools = g.latent() ? 1 : 2;
   cpu::HostBuffer k = cpu::aligned_buffer(bytes);
-  cpu::HostBuffer v = cpu::aligned_buffer(bytes);
-  if (!k || !v) {
-    return ResourceExhausted("cache: could not allocate 2 x {} bytes of host memory for {} blocks", bytes,
+  cpu::HostBuffer v = g.latent() ? nullptr : cpu::aligned_buffer(bytes);
+  if (!k || (pools == 2 && !v)) {
+    return ResourceExhausted("cache: could not allocate {} x {} bytes of host memory for {} blocks", pools, bytes,
                              g.num_blocks);
   }
   std::vector<KvScale> scales = options.kv_scales;

@@ -64,14 +64,14 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
   for (float& x : q32_) x *= qscale;
 }
 
-// Every item's rows per KV head, in tasks of at most kMaxTaskRows rows: all
-// query heads of the group (split when the group alone is larger) for as many
-// positions as fit, positions taken member by member.
+// Every item's rows per KV head, in tasks of all query heads of the group (at
+// most kMaxTaskRows; split when the group alone is larger) for as many
+// positions as fit in kTaskRowsTarget rows, positions taken member by member.
 void CpuStream::make_tasks() {
   const CacheGeometry& g = backend_.geometry();
   const int32_t group = g.group_size();
   const int32_t heads_per_task = std::min(group, kMaxTaskRows);
-  const int32_t positions_per_task = std::max(1, kMaxTaskRows / heads_per_task);
+  const int32_t positions_per_task = std::max(1, kTaskRowsTarget / heads_per_task);
   const std::span<const PlanItem> items = plan_.items();
   const std::span<const PlanSequence> seqs = plan_.sequences();
   const std::span<const KeySpan> keys = plan_.row_keys();
@@ -113,7 +113,7 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   PartialTask t;
   t.geometry = &g;
   t.k_layer = backend_.k_at(launch.layer, 0, 0, 0);
-  t.v_layer = backend_.v_at(launch.layer, 0, 0, 0);
+  t.v_layer = g.latent() ? t.k_layer : backend_.v_at(launch.layer, 0, 0, 0);
   t.blocks = launch.tables.block_ids + launch.tables.block_indptr[leader];
   t.kv_head = task.kv_head;
   t.chunk_begin = range.begin;
@@ -130,10 +130,11 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
 }
 
 // One (row, query head): its chunks' states in chunk order, the sink (when
-// given) first: one more state, m = sink * log2(e), l = 1, acc = 0.
+// given) first: one more state, m = sink * log2(e), l = 1, acc = 0. Output
+// rows are v_head_dim wide.
 void CpuStream::merge_row(int64_t out_row, const DecodeLaunch& launch, DecodeOutputs& out) const {
   const CacheGeometry& g = backend_.geometry();
-  const int64_t d = g.head_dim;
+  const int64_t d = g.v_dim();
   const int32_t heads = g.num_q_heads;
   static_assert(kMaxHeadDim % 16 == 0, "the accumulator is whole 64-byte lines");
   alignas(64) float acc[kMaxHeadDim];
@@ -174,8 +175,9 @@ Status CpuStream::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
   load_q(launch);
   make_tasks();
   stats_.resize(static_cast<size_t>(plan_.partial_rows()) * 2);
-  accs_.resize(static_cast<size_t>(plan_.partial_rows() * g.head_dim));
-  const int64_t scratch_floats = partial_scratch_floats(kMaxTaskRows, g.head_dim);
+  accs_.resize(static_cast<size_t>(plan_.partial_rows() * g.v_dim()));
+  const int64_t scratch_floats =
+      partial_scratch_floats(std::min(kMaxTaskRows, std::max(g.group_size(), kTaskRowsTarget)), g.head_dim);
 
   int64_t attended = 0;
   for (int32_t b = 0; b < launch.tables.batch; ++b) attended += launch.tables.lengths[b];

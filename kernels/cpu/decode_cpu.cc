@@ -348,11 +348,13 @@ HWY_INLINE SoftmaxStats<float> softmax_row(float* HWY_RESTRICT s, int64_t first,
 // ---- P.V -----------------------------------------------------------------------
 
 // acc[r] += sum over t in [a, b) of p[r][t] * v[t], for kRows rows and all of kD
-// in steps of pv_vectors(kRows) vectors (v: contiguous [..][kD] of T). Each loaded V
-// vector feeds kRows FMAs; the weights are broadcast from memory. Tokens go in
-// order, one FMA chain per (row, vector): the bits depend on the row's own
-// keys only. `lines` cache lines per token are requested, spread over the steps.
-template <typename T, int kD, int kRows>
+// in steps of pv_vectors(kRows) vectors (v: rows kStride elements apart, of
+// which the first kD are V: kStride = kD, or head_dim when V is the prefix of
+// K's row). Each loaded V vector feeds kRows FMAs; the weights are broadcast
+// from memory. Tokens go in order, one FMA chain per (row, vector): the bits
+// depend on the row's own keys only. `lines` cache lines per token are
+// requested, spread over the steps.
+template <typename T, int kD, int kStride, int kRows>
 HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, const T* HWY_RESTRICT v, int64_t a, int64_t b,
                                   float* const* HWY_RESTRICT acc, LinePrefetch& prefetch, int64_t lines) {
   const DF df;
@@ -368,9 +370,9 @@ HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, const T* H
     VF sum[kRows][kStep];
     for (int r = 0; r < kRows; ++r)
       for (int64_t c = 0; c < kStep; ++c) sum[r][c] = hn::Load(df, acc[r] + (v0 + c) * kLanes);
-    const T* HWY_RESTRICT row = v + a * kD + v0 * kLanes;
+    const T* HWY_RESTRICT row = v + a * kStride + v0 * kLanes;
 #pragma GCC unroll 2
-    for (int64_t t = a; t < b; ++t, row += kD) {
+    for (int64_t t = a; t < b; ++t, row += kStride) {
       VF x[kStep];
       for (int64_t c = 0; c < kStep; ++c) x[c] = load_f32(row + c * kLanes);
       for (int r = 0; r < kRows; ++r) {
@@ -385,10 +387,11 @@ HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, const T* H
 
 // ---- the task ------------------------------------------------------------------
 
-// Rows [pos, pos + n) into `tile` ([n][kD] fp32), run by run: the rows of one
-// block are contiguous, so each run converts (or, for an fp32 cache, copies)
-// as one stream. Used when several row blocks share the rows.
-template <typename T, int kD>
+// The first kD elements of rows [pos, pos + n) (kStride elements apart in the
+// pool: kD, or head_dim for V as K's prefix) into `tile` ([n][kD] fp32), run by
+// run: the rows of one block are contiguous, so each run converts (or, for an
+// fp32 cache, copies) as one stream. Used when several row blocks share the rows.
+template <typename T, int kD, int kStride = kD>
 HWY_NOINLINE void load_tile(const PoolRows& src, int64_t pos, int64_t n, float* HWY_RESTRICT tile) {
   const DF df;
   constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
@@ -396,7 +399,7 @@ HWY_NOINLINE void load_tile(const PoolRows& src, int64_t pos, int64_t n, float* 
   while (pos < end) {
     int64_t rows = 0;
     const T* HWY_RESTRICT in = reinterpret_cast<const T*>(src.run(pos, end, &rows));
-    for (int64_t r = 0; r < rows; ++r, in += kD, tile += kD) {
+    for (int64_t r = 0; r < rows; ++r, in += kStride, tile += kD) {
       for (int64_t i = 0; i < kD; i += kLanes) hn::Store(load_f32(in + i), df, tile + i);
     }
     pos += rows;
@@ -425,17 +428,21 @@ HWY_INLINE void for_row_blocks(int32_t count, const Fn& fn) {
   if (r < count) fn(std::integral_constant<int, 1>(), r);
 }
 
-template <typename T, int kD>
+// kD: K's row (and q's); kDv: V's, kD itself or, under latent attention
+// (docs/design.md §16), the first kDv elements of the same K row: pass 2 then
+// reads the rows pass 1 read, from cache, and no V pool exists.
+template <typename T, int kD, int kDv>
 void partial_impl(const PartialTask& t) {
+  static_assert(kDv <= kD, "V is at most K's row");
   const CacheGeometry& g = *t.geometry;
   const int32_t rows = t.positions * t.heads;
   constexpr int64_t kTile = tile_tokens(kD);
 
-  // Scratch: scores [rows][kSubBlockTokens] | sub-block acc [rows][kD] | tile [kTile][kD]
+  // Scratch: scores [rows][kSubBlockTokens] | sub-block acc [rows][kDv] | tile [kTile][kD]
   // | (rows in lanes) transposed q [kD][rows_pad].
   float* scores = t.scratch;
   float* sub_acc = scores + static_cast<int64_t>(rows) * kSubBlockTokens;
-  float* tile = sub_acc + static_cast<int64_t>(rows) * kD;
+  float* tile = sub_acc + static_cast<int64_t>(rows) * kDv;
   float* qt = tile + kTile * kD;
   const bool rows_in_lanes = g.group_size() >= kLaneRowsMinGroup;
   const int64_t rows_pad = (rows + kRowLanes - 1) / kRowLanes * kRowLanes;
@@ -445,7 +452,7 @@ void partial_impl(const PartialTask& t) {
   for (int32_t r = 0; r < rows; ++r) {
     t.m[out(r)] = neg_inf<float>();
     t.l[out(r)] = 0.f;
-    std::fill(t.acc + out(r) * kD, t.acc + (out(r) + 1) * kD, 0.f);
+    std::fill(t.acc + out(r) * kDv, t.acc + (out(r) + 1) * kDv, 0.f);
   }
   const ReadPlan plan(t);
   if (plan.empty()) return;
@@ -518,7 +525,7 @@ void partial_impl(const PartialTask& t) {
         stats[r] = softmax_row(scores + static_cast<int64_t>(r) * kSubBlockTokens, keys.begin - base, keys.end - base,
                                t.soft_cap);
         if (stats[r].m != neg_inf<float>()) {
-          std::fill(sub_acc + static_cast<int64_t>(r) * kD, sub_acc + static_cast<int64_t>(r + 1) * kD, 0.f);
+          std::fill(sub_acc + static_cast<int64_t>(r) * kDv, sub_acc + static_cast<int64_t>(r + 1) * kDv, 0.f);
         }
       }
     }
@@ -530,7 +537,7 @@ void partial_impl(const PartialTask& t) {
         values = v_src.run(pos, span.end, &n);
       } else {
         n = std::min(kTile, span.end - pos);
-        load_tile<T, kD>(v_src, pos, n, tile);
+        load_tile<T, kDv, kD>(v_src, pos, n, tile);
         values = tile;
       }
       prefetch.consumed(n * lines_per_row);
@@ -545,13 +552,14 @@ void partial_impl(const PartialTask& t) {
           for (int j = 0; j < kRows; ++j) {
             const int32_t r = p * t.heads + h0 + j;
             p_rows[j] = scores + static_cast<int64_t>(r) * kSubBlockTokens + (pos - base);
-            acc_rows[j] = sub_acc + static_cast<int64_t>(r) * kD;
+            acc_rows[j] = sub_acc + static_cast<int64_t>(r) * kDv;
           }
           if (direct_v) {
-            accumulate_rows<T, kD, kRows>(p_rows, static_cast<const T*>(values), a, b, acc_rows, prefetch, step_lines);
+            accumulate_rows<T, kDv, kD, kRows>(p_rows, static_cast<const T*>(values), a, b, acc_rows, prefetch,
+                                               step_lines);
           } else {
-            accumulate_rows<float, kD, kRows>(p_rows, static_cast<const float*>(values), a, b, acc_rows, prefetch,
-                                              step_lines);
+            accumulate_rows<float, kDv, kDv, kRows>(p_rows, static_cast<const float*>(values), a, b, acc_rows,
+                                                    prefetch, step_lines);
           }
           step_lines = 0;
         });
@@ -562,21 +570,23 @@ void partial_impl(const PartialTask& t) {
     // The sub-block's states join the task's, sub-blocks in position order.
     for (int32_t r = 0; r < rows; ++r) {
       SoftmaxStats<float> running{t.m[out(r)], t.l[out(r)]};
-      merge_into(running, t.acc + out(r) * kD, stats[r], sub_acc + static_cast<int64_t>(r) * kD, kD);
+      merge_into(running, t.acc + out(r) * kDv, stats[r], sub_acc + static_cast<int64_t>(r) * kDv, kDv);
       t.m[out(r)] = running.m;
       t.l[out(r)] = running.l;
     }
   }
 }
 
+// V's width is the one vocabulary.h pairs with kD.
 template <int kD>
 void partial_for_dtype(const PartialTask& t) {
+  constexpr int kDv = v_head_dim_for(kD);
   switch (t.geometry->dtype) {
-    case DType::kFloat32: return partial_impl<float, kD>(t);
-    case DType::kFloat16: return partial_impl<hwy::float16_t, kD>(t);
-    case DType::kBFloat16: return partial_impl<hwy::bfloat16_t, kD>(t);
-    case DType::kFloat8E4M3: return partial_impl<Fp8E4M3Bits, kD>(t);
-    case DType::kFloat8E5M2: return partial_impl<Fp8E5M2Bits, kD>(t);
+    case DType::kFloat32: return partial_impl<float, kD, kDv>(t);
+    case DType::kFloat16: return partial_impl<hwy::float16_t, kD, kDv>(t);
+    case DType::kBFloat16: return partial_impl<hwy::bfloat16_t, kD, kDv>(t);
+    case DType::kFloat8E4M3: return partial_impl<Fp8E4M3Bits, kD, kDv>(t);
+    case DType::kFloat8E5M2: return partial_impl<Fp8E5M2Bits, kD, kDv>(t);
   }
 }
 

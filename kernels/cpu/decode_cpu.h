@@ -53,7 +53,9 @@ struct TaskPosition {
 struct PartialTask {
   const CacheGeometry* geometry = nullptr;
   const void* k_layer = nullptr;      // K pool at this layer: [num_blocks][kv_heads][block_size][head_dim]
-  const void* v_layer = nullptr;      // V pool at this layer, same layout
+  // V pool at this layer, same layout; under latent attention the K pool
+  // itself, of whose rows the first v_head_dim elements are V.
+  const void* v_layer = nullptr;
   const int32_t* blocks = nullptr;    // a block table holding the chunk (every position's: they are equal there)
   int32_t kv_head = 0;
   int64_t chunk_begin = 0;            // first position of the chunk (a multiple of kSubBlockTokens)
@@ -71,7 +73,7 @@ struct PartialTask {
   // Out, row (p, h) at index position[p].partial + h:
   float* m = nullptr;                 // running max, base 2 (-inf: no key)
   float* l = nullptr;                 // sum of 2^(s - m)
-  float* acc = nullptr;               // [.., head_dim] sum of 2^(s - m) * v
+  float* acc = nullptr;               // [.., v_head_dim] sum of 2^(s - m) * v
   float* scratch = nullptr;           // [partial_scratch_floats(rows, head_dim)], 64-byte aligned
 };
 
@@ -80,11 +82,17 @@ struct PartialTask {
 // position's lane in a sub-block depends on the position alone when the split
 // length is a multiple of kSubBlockTokens or smaller (one sub-block per chunk).
 inline constexpr int64_t kSubBlockTokens = 256;
-// Most rows one task holds (the launch splits larger groups).
-inline constexpr int32_t kMaxTaskRows = 64;
+// Most rows one task holds: a whole group of up to 128 query heads (latent
+// attention has 16 to 128 per KV head), so each row is read once for all of
+// them; the launch splits larger groups.
+inline constexpr int32_t kMaxTaskRows = 128;
+// Rows the launch packs positions up to (positions x heads) when the group is
+// smaller: more, smaller tasks keep the threads busy.
+inline constexpr int32_t kTaskRowsTarget = 64;
 
 // Floats of scratch one task of `rows` rows needs: scores, sub-block
-// accumulators, a converted tile, and q transposed (rows rounded up to 16 lanes).
+// accumulators, a converted tile, and q transposed (rows rounded up to 16
+// lanes); head_dim bounds V's width.
 inline int64_t partial_scratch_floats(int32_t rows, int32_t head_dim) {
   constexpr int64_t kTileTokens = 32;
   const int64_t rows_pad = (rows + 15) / 16 * 16;

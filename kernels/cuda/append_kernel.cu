@@ -51,7 +51,8 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const AppendPara
                                          kv_head, static_cast<int32_t>(slot % g.block_size)) +
                         elem;
     store_scaled(k_pool, dst, load_as_float(p.k, p.in_dtype, i), p.k_scale, p.saturated);
-    store_scaled(v_pool, dst, load_as_float(p.v, p.in_dtype, i), p.v_scale, p.saturated);
+    // Latent attention has no V pool (p.v null): V is the prefix of the K row.
+    if (p.v != nullptr) store_scaled(v_pool, dst, load_as_float(p.v, p.in_dtype, i), p.v_scale, p.saturated);
   }
 }
 

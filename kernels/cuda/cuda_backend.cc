@@ -81,7 +81,8 @@ Status CudaBackend::init() {
   PAGODA_CUDA_RETURN_IF_ERROR(partial_->ctas_per_sm(&ctas_per_sm));
   num_workers_ = prop.multiProcessorCount * (ctas_per_sm > 0 ? ctas_per_sm : 1);
   PAGODA_RETURN_IF_ERROR(k_pool_.allocate(static_cast<size_t>(pool_bytes())));
-  PAGODA_RETURN_IF_ERROR(v_pool_.allocate(static_cast<size_t>(pool_bytes())));
+  // Latent attention has no V pool: V is the prefix of each K row.
+  if (!geometry_.latent()) PAGODA_RETURN_IF_ERROR(v_pool_.allocate(static_cast<size_t>(pool_bytes())));
   return Status::Ok();
 }
 
@@ -141,6 +142,7 @@ Status CudaStream::copy_rows(int32_t layer, std::span<const int64_t> slots, void
   const size_t host_pitch = row * static_cast<size_t>(g.num_kv_heads);
   void* pools[2] = {backend_.k_pool(), backend_.v_pool()};
   void* hosts[2] = {k, v};
+  const int num_pools = g.latent() ? 1 : 2;  // latent attention: K rows alone
   for (size_t first = 0; first < slots.size();) {
     const int64_t block = slots[first] / g.block_size;
     size_t last = first + 1;
@@ -150,7 +152,7 @@ Status CudaStream::copy_rows(int32_t layer, std::span<const int64_t> slots, void
       const size_t device_at =
           static_cast<size_t>(g.element_offset(layer, static_cast<int32_t>(block), h, slot)) * elem;
       const size_t host_at = first * host_pitch + static_cast<size_t>(h) * row;
-      for (int p = 0; p < 2; ++p) {
+      for (int p = 0; p < num_pools; ++p) {
         auto* device = static_cast<unsigned char*>(pools[p]) + device_at;
         auto* host = static_cast<unsigned char*>(hosts[p]) + host_at;
         if (to_device) {
@@ -184,6 +186,7 @@ Status CudaStream::copy_block(int32_t src, int32_t dst) {
   const size_t elem = dtype_size(g.dtype);
   const size_t block_bytes = static_cast<size_t>(g.block_stride()) * elem;
   for (void* pool : {backend_.k_pool(), backend_.v_pool()}) {
+    if (pool == nullptr) continue;  // no V pool under latent attention
     auto* base = static_cast<unsigned char*>(pool);
     for (int32_t layer = 0; layer < g.num_layers; ++layer) {
       const size_t from = static_cast<size_t>(g.element_offset(layer, src, 0, 0)) * elem;
@@ -210,6 +213,7 @@ Status CudaStream::poison_blocks(std::span<const int32_t> blocks) {
     size_t last = first + 1;
     while (last < ids.size() && ids[last] == ids[last - 1] + 1) ++last;
     for (void* pool : {backend_.k_pool(), backend_.v_pool()}) {
+      if (pool == nullptr) continue;  // no V pool under latent attention
       auto* base = static_cast<unsigned char*>(pool);
       for (int32_t layer = 0; layer < g.num_layers; ++layer) {
         const size_t at = static_cast<size_t>(g.element_offset(layer, ids[first], 0, 0)) * elem;
@@ -267,9 +271,11 @@ Status CudaStream::read_pools(std::vector<unsigned char>* k, std::vector<unsigne
   PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
   const size_t bytes = static_cast<size_t>(backend_.pool_bytes());
   k->resize(bytes);
-  v->resize(bytes);
+  v->resize(backend_.v_pool() != nullptr ? bytes : 0);  // empty under latent attention
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k->data(), backend_.k_pool(), bytes, cudaMemcpyDeviceToHost, stream_));
-  PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v->data(), backend_.v_pool(), bytes, cudaMemcpyDeviceToHost, stream_));
+  if (!v->empty()) {
+    PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v->data(), backend_.v_pool(), bytes, cudaMemcpyDeviceToHost, stream_));
+  }
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return Status::Ok();
 }

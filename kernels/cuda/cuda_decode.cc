@@ -52,7 +52,7 @@ struct InputLayout {
   }
 };
 
-// Partial states: acc [partial rows, head_dim], m and l [partial rows].
+// Partial states: acc [partial rows, v_head_dim], m and l [partial rows].
 struct PartialLayout {
   size_t acc = 0;
   size_t m = 0;
@@ -61,13 +61,13 @@ struct PartialLayout {
 
   PartialLayout(const DecodeShape& s, const CacheGeometry& g) {
     const auto rows = static_cast<size_t>(s.partial_rows);
-    m = align_up(rows * g.head_dim * sizeof(float));
+    m = align_up(rows * g.v_dim() * sizeof(float));
     l = align_up(m + rows * sizeof(float));
     total = align_up(l + rows * sizeof(float));
   }
 };
 
-// Outputs: out [rows, q_heads, head_dim] in q's dtype, then lse [rows, q_heads].
+// Outputs: out [rows, q_heads, v_head_dim] in q's dtype, then lse [rows, q_heads].
 struct OutputLayout {
   size_t out = 0;
   size_t lse = 0;
@@ -75,7 +75,7 @@ struct OutputLayout {
 
   OutputLayout(const DecodeShape& s, const CacheGeometry& g, size_t out_elem) {
     const size_t rows = static_cast<size_t>(s.rows) * g.num_q_heads;
-    lse = align_up(rows * g.head_dim * out_elem);
+    lse = align_up(rows * g.v_dim() * out_elem);
     total = align_up(lse + rows * sizeof(float));
   }
 };
@@ -151,12 +151,14 @@ Status CudaStream::reserve_append(size_t bytes) {
 
 Status CudaStream::write_kv(std::span<const KvWrite> writes) {
   const CacheGeometry& g = backend_.geometry();
-  // Every write's slots, k and v packed into one staging buffer: one copy in.
+  // Every write's slots, k and v packed into one staging buffer: one copy in
+  // (k alone under latent attention, whose V is K's prefix).
+  const size_t parts = g.latent() ? 1 : 2;
   size_t total = 0;
   for (const KvWrite& w : writes) {
     assert(w.layer >= 0 && w.layer < g.num_layers && known_dtype(w.dtype));
     const size_t kv_bytes = static_cast<size_t>(w.num_tokens) * g.num_kv_heads * g.head_dim * dtype_size(w.dtype);
-    total += align_up(static_cast<size_t>(w.num_tokens) * sizeof(int64_t)) + 2 * align_up(kv_bytes);
+    total += align_up(static_cast<size_t>(w.num_tokens) * sizeof(int64_t)) + parts * align_up(kv_bytes);
   }
   if (total == 0) return Status::Ok();
   PAGODA_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device()));
@@ -169,8 +171,10 @@ Status CudaStream::write_kv(std::span<const KvWrite> writes) {
     offset += align_up(static_cast<size_t>(w.num_tokens) * sizeof(int64_t));
     std::memcpy(host + offset, w.k, kv_bytes);
     offset += align_up(kv_bytes);
-    std::memcpy(host + offset, w.v, kv_bytes);
-    offset += align_up(kv_bytes);
+    if (parts == 2) {
+      std::memcpy(host + offset, w.v, kv_bytes);
+      offset += align_up(kv_bytes);
+    }
   }
   void* dev = append_device_.data();
   PAGODA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host, total, cudaMemcpyHostToDevice, stream_));
@@ -198,8 +202,10 @@ Status CudaStream::write_kv(std::span<const KvWrite> writes) {
     offset += align_up(static_cast<size_t>(w.num_tokens) * sizeof(int64_t));
     p.k = at<const void>(dev, offset);
     offset += align_up(kv_bytes);
-    p.v = at<const void>(dev, offset);
-    offset += align_up(kv_bytes);
+    if (parts == 2) {
+      p.v = at<const void>(dev, offset);
+      offset += align_up(kv_bytes);
+    }
     p.in_dtype = w.dtype;
     p.k_scale = backend_.kv_scale(w.layer).k;
     p.v_scale = backend_.kv_scale(w.layer).v;
@@ -299,7 +305,7 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   MergeParams m;
   m.rows = shape.rows;
   m.num_q_heads = g.num_q_heads;
-  m.head_dim = g.head_dim;
+  m.head_dim = g.v_dim();  // partials and outputs are V's width
   m.q_indptr = p.variant.q_indptr;
   m.row_seq = at<const int32_t>(dev, in.row_seq);
   m.seq_chunks = p.work.seq_chunks;
@@ -324,7 +330,7 @@ Status CudaStream::decode(const DecodeLaunch& launch, DecodeOutputs& outputs) {
   PAGODA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
 
   const size_t rows = static_cast<size_t>(shape.rows) * g.num_q_heads;
-  std::memcpy(outputs.out, staging_out_.data() + out.out, rows * g.head_dim * q_elem);
+  std::memcpy(outputs.out, staging_out_.data() + out.out, rows * g.v_dim() * q_elem);
   if (outputs.lse != nullptr) std::memcpy(outputs.lse, staging_out_.data() + out.lse, rows * sizeof(float));
   Status status;
   outputs.attention_seconds = elapsed_seconds(ev_partial_, ev_done_, &status);

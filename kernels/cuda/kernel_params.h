@@ -34,7 +34,7 @@ struct WorkListView {
 // Partial states in fp32: one (m, l, acc) per (item, query row, query head). m
 // is base 2 and acc is not normalised (the merge divides by the merged l).
 struct PartialStates {
-  float* acc = nullptr;  // [partial rows, head_dim]
+  float* acc = nullptr;  // [partial rows, v_head_dim]
   float* m = nullptr;    // [partial rows]
   float* l = nullptr;    // [partial rows]
 };
@@ -52,7 +52,7 @@ struct VariantParams {
 struct PartialParams {
   CacheGeometry geometry;
   const void* k_pool = nullptr;  // [layers][blocks][kv_heads][block_size][head_dim]
-  const void* v_pool = nullptr;  // same layout as k_pool
+  const void* v_pool = nullptr;  // same layout as k_pool; null under latent attention (V is K's prefix)
   int32_t layer = 0;
   BatchBlockTables tables;       // device pointers
   WorkListView work;             // device pointers
@@ -68,7 +68,7 @@ struct PartialParams {
 struct MergeParams {
   int32_t rows = 0;                       // query rows of the launch
   int32_t num_q_heads = 0;
-  int32_t head_dim = 0;
+  int32_t head_dim = 0;                   // of V: the partials' and outputs' width
   const int32_t* q_indptr = nullptr;      // [batch + 1]
   const int32_t* row_seq = nullptr;       // [rows] sequence of each row
   const int32_t* seq_chunks = nullptr;    // [batch] chunks attended (WorkListView's)
@@ -91,7 +91,7 @@ struct AppendParams {
   int32_t num_tokens = 0;
   const int64_t* slots = nullptr;  // [num_tokens] flat slots, validated on the host
   const void* k = nullptr;         // [num_tokens, num_kv_heads, head_dim], in_dtype
-  const void* v = nullptr;         // [num_tokens, num_kv_heads, head_dim], in_dtype
+  const void* v = nullptr;         // [num_tokens, num_kv_heads, head_dim], in_dtype; null: latent (no V pool)
   DType in_dtype = DType::kFloat32;
   float k_scale = 1.f;             // the cache stores x / scale
   float v_scale = 1.f;

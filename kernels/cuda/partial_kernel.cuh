@@ -6,11 +6,18 @@
 // head of the group reads them from there.
 //
 // Thread mapping (128 threads): kLanes threads share one token row, each owning
-// 8 consecutive head_dim elements (one 16-byte load for fp16/bf16, two for fp32);
-// the kSlices rows of lanes are split into head groups x token slices. A thread
-// holds kHeadsPerThread query heads in registers (q, m, l, acc), so every K/V
-// vector it widens to fp32 is reused by that many heads. This is the CUDA-core
-// form of the kernel (no tensor-core mma).
+// kVElems consecutive V elements (8 per group, kGroups groups: one 16-byte load
+// per group for fp16/bf16, two for fp32); the kSlices rows of lanes are split
+// into head groups x token slices. A thread holds kHeadsPerThread query heads
+// in registers (q, m, l, acc), so every K/V vector it widens to fp32 is reused
+// by that many heads. This is the CUDA-core form of the kernel (no tensor-core
+// mma).
+//
+// Latent attention (docs/design.md §16; head_dim 576, v_head_dim 512): a warp
+// of 32 lanes covers the 512 V elements in two groups per lane, and the first
+// kTailGroups lanes also own one group of the 64-element RoPE tail of K. There
+// is no V pool and no V tile: V is read from the K tile's rows, their first 512
+// elements, so each latent row crosses from memory once for both products.
 //
 // A sequence with n query rows (docs/design.md, "Attention variants") is
 // walked row by row in one CTA:
@@ -40,25 +47,40 @@ namespace pagoda::cuda {
 template <typename T, int D>
 struct PartialConfig {
   static constexpr int kThreads = 128;
-  static constexpr int kElems = 8;                   // head_dim elements per thread
-  static constexpr int kLanes = D / kElems;          // threads per token row: 8, 16, 32
+  static constexpr int kDv = v_head_dim_for(D);      // V's width (vocabulary.h)
+  static constexpr bool kLatent = kDv < D;           // V is the prefix of K's rows
+  static constexpr int kElems = 8;                   // elements per group (one 16-byte load of 16-bit types)
+  static constexpr int kLanes = kDv / kElems < 32 ? kDv / kElems : 32;  // threads per token row: 8, 16, 32
+  static constexpr int kGroups = kDv / kElems / kLanes;  // V groups per lane: 1, or 2 for 512
+  static constexpr int kVElems = kGroups * kElems;       // V (and K prefix) elements per lane
+  static constexpr int kTailGroups = (D - kDv) / kElems;  // K's groups past V (RoPE), lanes [0, kTailGroups)
+  static constexpr int kQElems = kVElems + (kTailGroups > 0 ? kElems : 0);  // q and K elements per lane
   static constexpr int kSlices = kThreads / kLanes;  // rows of lanes: 16, 8, 4
   static constexpr int kHeadsPerThread = 4;          // query heads blocked in registers
+  // Resident CTAs the registers are bounded for: the latent shape holds three
+  // times the q and acc registers, and spilling them would cost more than the
+  // occupancy.
+  static constexpr int kMinBlocks = kLatent ? 2 : 4;
   static constexpr int kRowBytes = D * static_cast<int>(sizeof(T));
   static constexpr int kChunksPerRow = kRowBytes / 16;         // 16-byte copies per row
-  static constexpr int kTileTokens = 4096 / kRowBytes;         // 4 KiB of K per stage
-  static constexpr int kTileBytes = kTileTokens * kRowBytes;   // of K, and again of V
+  // 4 KiB of K per stage, and at least one row per token slice.
+  static constexpr int kTileTokens = 4096 / kRowBytes > kSlices ? 4096 / kRowBytes : kSlices;
+  static constexpr int kTileBytes = kTileTokens * kRowBytes;   // of K, and again of V unless latent
+  static constexpr int kTilesPerStage = kLatent ? 1 : 2;
   // Double buffering: the loop below keeps one tile in flight while it
   // computes the other (cp_async_wait<kStages - 1>).
   static constexpr int kStages = 2;
-  static constexpr int kPipelineBytes = kStages * 2 * kTileBytes;
+  static constexpr int kPipelineBytes = kStages * kTilesPerStage * kTileBytes;
   // The slice merge reuses the pipeline's shared memory once the chunk is done.
-  static constexpr int kScratchAccFloats = kSlices * kHeadsPerThread * D;
+  static constexpr int kScratchAccFloats = kSlices * kHeadsPerThread * kDv;
   static constexpr int kScratchStatFloats = kSlices * kHeadsPerThread;
   static constexpr int kScratchBytes = (kScratchAccFloats + 2 * kScratchStatFloats) * 4;
   static constexpr int kSmemBytes = kPipelineBytes > kScratchBytes ? kPipelineBytes : kScratchBytes;
 
-  static_assert(D % kElems == 0 && kLanes <= 32 && 32 % kLanes == 0, "lanes must tile a warp");
+  static_assert(kDv % kElems == 0 && kDv / kElems == kGroups * kLanes && 32 % kLanes == 0,
+                "lanes must tile a warp and V");
+  static_assert((D - kDv) % kElems == 0 && kTailGroups <= kLanes, "K's tail must fit one group per lane");
+  static_assert(kRowBytes % 16 == 0, "rows are copied in 16-byte pieces");
   static_assert(kTileTokens >= kSlices, "a tile must give every token slice a row");
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory limit");
 };
@@ -82,53 +104,80 @@ __device__ __forceinline__ HeadLayout head_layout(int group) {
 // Adds one key (score s in base 2, value v) to a running state. The max only
 // moves up, and then what was accumulated is rescaled by the shared
 // rescale_factor (0 for the empty state, never exp2(-inf - -inf)).
-__device__ __forceinline__ void add_key(SoftmaxStats<float>& st, float (&acc)[8], float s,
-                                        const float (&v)[8]) {
+template <int N>
+__device__ __forceinline__ void add_key(SoftmaxStats<float>& st, float (&acc)[N], float s,
+                                        const float (&v)[N]) {
   if (s > st.m) {
     const float c = rescale_factor(st.m, s);
     st.l *= c;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] *= c;
+    for (int e = 0; e < N; ++e) acc[e] *= c;
     st.m = s;
   }
   const float w = exp2_of(s - st.m);
   st.l += w;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] += w * v[e];
+  for (int e = 0; e < N; ++e) acc[e] += w * v[e];
 }
 
-// This thread's query heads' q (its 8 elements of each of nh heads, times the
-// launch's q factor) and zeroed accumulators; head slots past nh hold 0.
-template <int kHB, int D>
-__device__ __forceinline__ void load_q(const PartialParams& p, int64_t q_row0, int nh, int lane, float (&q)[kHB][8],
-                                       float (&acc)[kHB][8]) {
+// The elements of a row this lane owns, widened to fp32: its kVElems of the V
+// part (from `row`), then, with a tail, its group of K's tail (zeros on lanes
+// past kTailGroups). N is kVElems (V) or kQElems (K).
+template <typename C, int N, typename T>
+__device__ __forceinline__ void widen_lane(const T* row, int lane, float (&dst)[N]) {
+  static_assert(N == C::kVElems || N == C::kQElems, "a V or a K lane");
 #pragma unroll
-  for (int j = 0; j < kHB; ++j) {
+  for (int i = 0; i < C::kGroups; ++i) {
+    float g8[8];
+    widen8(row + lane * C::kVElems + i * 8, g8);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      q[j][e] = j < nh ? load_as_float(p.q, p.q_dtype, (q_row0 + j) * D + lane * 8 + e) * p.q_scale : 0.f;
-      acc[j][e] = 0.f;
-    }
+    for (int e = 0; e < 8; ++e) dst[i * 8 + e] = g8[e];
+  }
+  if constexpr (N > C::kVElems) {
+    float g8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (lane < C::kTailGroups) widen8(row + C::kDv + lane * 8, g8);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dst[C::kVElems + e] = g8[e];
   }
 }
 
-// The base-2 scores of one key row (this thread's 8 elements of it at k) for
-// the thread's heads: partial dot products, a butterfly sum over the row's lanes
-// (every lane ends with the same bits), then the soft-cap on the whole sum, so
-// every lane caps the same bits. Head slots past the group (MHA: 3 of 4) are
-// skipped by a CTA-uniform branch, so the shuffles run in whole warps; every
-// thread of the warp must call it.
+// This thread's query heads' q (its elements of each of nh heads, times the
+// launch's q factor, laid out as widen_lane lays out K) and zeroed
+// accumulators; head slots past nh, and tail slots past kTailGroups, hold 0.
+template <typename C, int kHB, int D>
+__device__ __forceinline__ void load_q(const PartialParams& p, int64_t q_row0, int nh, int lane,
+                                       float (&q)[kHB][C::kQElems], float (&acc)[kHB][C::kVElems]) {
+#pragma unroll
+  for (int j = 0; j < kHB; ++j) {
+#pragma unroll
+    for (int e = 0; e < C::kQElems; ++e) {
+      const bool tail = e >= C::kVElems;
+      const int64_t at = tail ? C::kDv + lane * 8 + (e - C::kVElems) : lane * C::kVElems + e;
+      const bool mine = j < nh && (!tail || lane < C::kTailGroups);
+      q[j][e] = mine ? load_as_float(p.q, p.q_dtype, (q_row0 + j) * D + at) * p.q_scale : 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < C::kVElems; ++e) acc[j][e] = 0.f;
+  }
+}
+
+// The base-2 scores of one key row (at k; this lane's widen_lane elements of
+// it) for the thread's heads: partial dot products, a butterfly sum over the
+// row's lanes (every lane ends with the same bits), then the soft-cap on the
+// whole sum, so every lane caps the same bits. Head slots past the group (MHA:
+// 3 of 4) are skipped by a CTA-uniform branch, so the shuffles run in whole
+// warps; every thread of the warp must call it.
 template <typename C, int kHB, typename T>
-__device__ __forceinline__ void score_key(const T* k, const float (&q)[kHB][8], int heads_per_thread,
-                                          const VariantParams& var, float (&dot)[kHB]) {
-  float kf[8];
-  widen8(k, kf);
+__device__ __forceinline__ void score_key(const T* k, int lane, const float (&q)[kHB][C::kQElems],
+                                          int heads_per_thread, const VariantParams& var, float (&dot)[kHB]) {
+  float kf[C::kQElems];
+  widen_lane<C>(k, lane, kf);
 #pragma unroll
   for (int j = 0; j < kHB; ++j) {
     dot[j] = 0.f;
     if (j >= heads_per_thread) continue;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) dot[j] += q[j][e] * kf[e];
+    for (int e = 0; e < C::kQElems; ++e) dot[j] += q[j][e] * kf[e];
   }
 #pragma unroll
   for (int offset = C::kLanes / 2; offset > 0; offset /= 2) {
@@ -145,13 +194,13 @@ __device__ __forceinline__ void score_key(const T* k, const float (&q)[kHB][8], 
   }
 }
 
-// Adds one key (its scores, and this thread's 8 elements of its value row at
-// v) to the online-softmax states of the thread's nh heads.
-template <int kHB, typename T>
-__device__ __forceinline__ void update_states(const T* v, const float (&dot)[kHB], int nh,
-                                              SoftmaxStats<float> (&st)[kHB], float (&acc)[kHB][8]) {
-  float vf[8];
-  widen8(v, vf);
+// Adds one key (its scores, and this lane's V elements of the value row at v)
+// to the online-softmax states of the thread's nh heads.
+template <typename C, int kHB, typename T>
+__device__ __forceinline__ void update_states(const T* v, int lane, const float (&dot)[kHB], int nh,
+                                              SoftmaxStats<float> (&st)[kHB], float (&acc)[kHB][C::kVElems]) {
+  float vf[C::kVElems];
+  widen_lane<C>(v, lane, vf);
 #pragma unroll
   for (int j = 0; j < kHB; ++j) {
     if (j < nh) add_key(st[j], acc[j], dot[j], vf);
@@ -162,21 +211,23 @@ __device__ __forceinline__ void update_states(const T* v, const float (&dot)[kHB
 // memory, then token slice 0 stores the states of partial rows row0 + j. All
 // copies were waited for (wait_group 0) and a barrier passed, so the scratch
 // may alias the pipeline's buffers. Every thread of the CTA calls it.
-template <typename C, int kHB, int D>
+template <typename C, int kHB>
 __device__ __forceinline__ void merge_slices_and_store(unsigned char* smem, bool active, int slice, int token_slice,
                                                        int token_slices, int lane, int nh,
-                                                       SoftmaxStats<float> (&st)[kHB], float (&acc)[kHB][8],
+                                                       SoftmaxStats<float> (&st)[kHB], float (&acc)[kHB][C::kVElems],
                                                        const PartialStates& out, int64_t row0) {
-  float* s_acc = reinterpret_cast<float*>(smem);  // [kSlices][kHB][D]
+  constexpr int kDv = C::kDv;
+  constexpr int kE = C::kVElems;
+  float* s_acc = reinterpret_cast<float*>(smem);  // [kSlices][kHB][kDv]
   float* s_m = s_acc + C::kScratchAccFloats;      // [kSlices][kHB]
   float* s_l = s_m + C::kScratchStatFloats;       // [kSlices][kHB]
   if (active && token_slice > 0) {
 #pragma unroll
     for (int j = 0; j < kHB; ++j) {
       if (j >= nh) continue;
-      float* dst = s_acc + (slice * kHB + j) * D + lane * 8;
+      float* dst = s_acc + (slice * kHB + j) * kDv + lane * kE;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dst[e] = acc[j][e];
+      for (int e = 0; e < kE; ++e) dst[e] = acc[j][e];
       if (lane == 0) {
         s_m[slice * kHB + j] = st[j].m;
         s_l[slice * kHB + j] = st[j].l;
@@ -191,16 +242,18 @@ __device__ __forceinline__ void merge_slices_and_store(unsigned char* smem, bool
     for (int j = 0; j < kHB; ++j) {
       if (j >= nh) continue;
       const SoftmaxStats<float> o{s_m[os * kHB + j], s_l[os * kHB + j]};
-      merge_into(st[j], acc[j], o, s_acc + (os * kHB + j) * D + lane * 8, 8);
+      merge_into(st[j], acc[j], o, s_acc + (os * kHB + j) * kDv + lane * kE, kE);
     }
   }
 #pragma unroll
   for (int j = 0; j < kHB; ++j) {
     if (j >= nh) continue;
     const int64_t row = row0 + j;
-    float4* dst = reinterpret_cast<float4*>(out.acc + row * D + lane * 8);
-    dst[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-    dst[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+    float4* dst = reinterpret_cast<float4*>(out.acc + row * kDv + lane * kE);
+#pragma unroll
+    for (int f = 0; f < kE / 4; ++f) {
+      dst[f] = make_float4(acc[j][4 * f], acc[j][4 * f + 1], acc[j][4 * f + 2], acc[j][4 * f + 3]);
+    }
     if (lane == 0) {
       out.m[row] = st[j].m;
       out.l[row] = st[j].l;
@@ -209,7 +262,8 @@ __device__ __forceinline__ void merge_slices_and_store(unsigned char* smem, bool
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) {
+__global__ void __launch_bounds__(PartialConfig<T, D>::kThreads, PartialConfig<T, D>::kMinBlocks)
+    partial_kernel(const PartialParams p) {
   using C = PartialConfig<T, D>;
   constexpr int kHB = C::kHeadsPerThread;
   __shared__ __align__(16) unsigned char smem[C::kSmemBytes];
@@ -239,22 +293,25 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
   const int head_group = slice / layout.token_slices;
   const int token_slice = slice % layout.token_slices;
 
-  auto k_stage = [&](int s) { return reinterpret_cast<T*>(smem + s * 2 * C::kTileBytes); };
+  auto k_stage = [&](int s) { return reinterpret_cast<T*>(smem + s * C::kTilesPerStage * C::kTileBytes); };
+  // Latent attention's V is the K tile itself (its rows' first kDv elements).
   auto v_stage = [&](int s) {
-    return reinterpret_cast<T*>(smem + s * 2 * C::kTileBytes + C::kTileBytes);
+    return reinterpret_cast<T*>(smem + s * C::kTilesPerStage * C::kTileBytes + (C::kLatent ? 0 : C::kTileBytes));
   };
 
   // Each thread copies the same kCopies 16-byte pieces of every tile (of K, and
-  // of V). The block ids of their rows are read one tile ahead, so the table
-  // lookup's latency hides behind a tile of compute; rows past `end` read none.
-  constexpr int kCopies = C::kTileTokens * C::kChunksPerRow / C::kThreads;
+  // of V unless latent); the last round's pieces past the tile are skipped. The
+  // block ids of their rows are read one tile ahead, so the table lookup's
+  // latency hides behind a tile of compute; rows past `end` read none.
+  constexpr int kPieces = C::kTileTokens * C::kChunksPerRow;
+  constexpr int kCopies = (kPieces + C::kThreads - 1) / C::kThreads;
   constexpr int kElemsPerCopy = 16 / static_cast<int>(sizeof(T));
-  static_assert(kCopies * C::kThreads == C::kTileTokens * C::kChunksPerRow, "whole copies");
   auto fetch_blocks = [&](int tile_begin, int32_t (&blocks)[kCopies]) {
 #pragma unroll
     for (int c = 0; c < kCopies; ++c) {
-      const int t = tile_begin + (tid + c * C::kThreads) / C::kChunksPerRow;
-      blocks[c] = t < end ? seq_blocks[t / g.block_size] : 0;
+      const int idx = tid + c * C::kThreads;
+      const int t = tile_begin + idx / C::kChunksPerRow;
+      blocks[c] = idx < kPieces && t < end ? seq_blocks[t / g.block_size] : 0;
     }
   };
   // Issues the copies of tokens [tile_begin, tile_begin + kTileTokens) that lie
@@ -268,12 +325,12 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
       const int row = idx / C::kChunksPerRow;
       const int part = idx % C::kChunksPerRow;
       const int t = tile_begin + row;
-      if (t < end) {
+      if (idx < kPieces && t < end) {
         const int64_t src =
             g.element_offset(p.layer, blocks[c], kv_head, t % g.block_size) + part * kElemsPerCopy;
         const int dst = row * D + part * kElemsPerCopy;
         cp_async_16(k_dst + dst, k_pool + src);
-        cp_async_16(v_dst + dst, v_pool + src);
+        if constexpr (!C::kLatent) cp_async_16(v_dst + dst, v_pool + src);
       }
     }
     cp_async_commit();
@@ -306,12 +363,12 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
         nh = nh < 0 ? 0 : (nh > kHB ? kHB : nh);
         const bool active = nh > 0;
 
-        float q[kHB][8];
-        float acc[kHB][8];
+        float q[kHB][C::kQElems];
+        float acc[kHB][C::kVElems];
         SoftmaxStats<float> st[kHB];
         const int64_t q_row0 =
             static_cast<int64_t>(first_row + pos) * g.num_q_heads + kv_head * group + head0;
-        load_q<kHB, D>(p, q_row0, nh, lane, q, acc);
+        load_q<C, kHB, D>(p, q_row0, nh, lane, q, acc);
 
         int32_t next_blocks[kCopies];  // block ids of the next tile to load
         fetch_blocks(begin, next_blocks);
@@ -341,15 +398,15 @@ __global__ void __launch_bounds__(128, 4) partial_kernel(const PartialParams p) 
             const bool valid = active && r_raw < C::kTileTokens && tile_begin + r < end;
 
             float dot[kHB];
-            score_key<C, kHB>(k_tile + r * D + lane * 8, q, heads_per_thread, var, dot);
-            if (valid) update_states<kHB>(v_tile + r * D + lane * 8, dot, nh, st, acc);
+            score_key<C, kHB>(k_tile + r * D, lane, q, heads_per_thread, var, dot);
+            if (valid) update_states<C, kHB>(v_tile + r * D, lane, dot, nh, st, acc);
           }
           __syncthreads();  // the stage is overwritten by the next iteration's copies
         }
 
         const int64_t row0 = seq_partial + static_cast<int64_t>(pos) * g.num_q_heads + kv_head * group + head0;
-        merge_slices_and_store<C, kHB, D>(smem, active, slice, token_slice, layout.token_slices, lane, nh, st, acc,
-                                          p.partials, row0);
+        merge_slices_and_store<C, kHB>(smem, active, slice, token_slice, layout.token_slices, lane, nh, st, acc,
+                                       p.partials, row0);
         __syncthreads();  // the next pass or row reuses the shared memory
       }
     }

@@ -45,8 +45,9 @@ StatusOr<std::vector<KvScale>> parse_file(const std::string& path, int32_t num_l
     const std::string where = fmt::format(" ({}:{})", path, line_no);
     int32_t layer = -1;
     const auto [end, ec] = std::from_chars(layer_text.data(), layer_text.data() + layer_text.size(), layer);
-    const auto k = fields >> k_text ? parse_float(k_text) : std::nullopt;
-    const auto v = fields >> v_text ? parse_float(v_text) : std::nullopt;
+    std::optional<float> k, v;  // assigned, not built by ?: (GCC 12 then warns of an uninitialized read)
+    if (fields >> k_text) k = parse_float(k_text);
+    if (fields >> v_text) v = parse_float(v_text);
     if (ec != std::errc() || end != layer_text.data() + layer_text.size() || !k || !v || (fields >> extra)) {
       return InvalidArgument("--kv-scales: expected 'layer k_scale v_scale'{}, received '{}'", where, line);
     }

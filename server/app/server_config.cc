@@ -38,8 +38,10 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
   }
   // The geometry's own rules (pagoda/geometry_rules.h), with a capacity of one
   // block until the real one is known.
+  // --v-head-dim 0 is --head-dim; a negative one reaches the rules and is refused there.
   CacheGeometry geometry{.num_layers = c.layers, .num_q_heads = c.q_heads, .num_kv_heads = c.kv_heads,
-                         .head_dim = c.head_dim, .block_size = c.block_size, .num_blocks = 1, .dtype = *dtype};
+                         .head_dim = c.head_dim, .block_size = c.block_size, .num_blocks = 1, .dtype = *dtype,
+                         .v_head_dim = c.v_head_dim != 0 ? c.v_head_dim : c.head_dim};
   PAGODA_RETURN_IF_ERROR(validate_geometry(geometry));
   if (c.split_tokens % c.block_size != 0) {
     return InvalidArgument("--split-tokens: expected a multiple of --block-size ({}), received {}",
@@ -105,6 +107,17 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
 
   StatusOr<std::vector<KvScale>> scales = parse_kv_scales(c.kv_scales, c.layers);
   PAGODA_RETURN_IF_ERROR(scales.status());
+  // Latent attention reads V from K's stored bytes: one scale per layer.
+  if (geometry.latent()) {
+    for (size_t l = 0; l < scales->size(); ++l) {
+      const KvScale s = (*scales)[l];
+      if (s.v != s.k) {
+        return InvalidArgument("--kv-scales: expected the V scale equal to the K scale on a latent-attention server "
+                               "(V is the first {} elements of K's row, stored once), received layer {} K {} V {}",
+                               geometry.v_dim(), l, s.k, s.v);
+      }
+    }
+  }
 
   EffectiveConfig e;
   e.raw = c;
@@ -150,13 +163,13 @@ std::string describe(const EffectiveConfig& e) {
   const ServerConfig& c = e.raw;
   const CacheGeometry& g = e.geometry;
   return fmt::format(
-      "layers={} q_heads={} kv_heads={} head_dim={} block_size={} num_blocks={} cache_bytes={} "
+      "layers={} q_heads={} kv_heads={} head_dim={} v_head_dim={} block_size={} num_blocks={} cache_bytes={} "
       "cache_dtype={} kv_scales={} split_tokens={} mode={} max_batch={} max_batch_wait_us={} max_message_bytes={} "
       "max_label_bytes={} max_request_tokens={} max_request_blocks={} max_stream_in_flight={} idle_ttl={}s "
       "threads={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={} "
       "log_summary_interval={}s tls={} auth={} tenant_max_blocks={} tenant_max_sequences={} max_sequences={} "
       "max_sequence_tokens={} snapshot_dir={} metrics_tenant_labels={} metrics_auth={}",
-      g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim, g.block_size, g.num_blocks,
+      g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim, g.v_dim(), g.block_size, g.num_blocks,
       block_bytes(g) * g.num_blocks, dtype_name(g.dtype), c.kv_scales, c.split_tokens, c.mode, c.max_batch,
       c.max_batch_wait_us, c.max_message_bytes, c.max_label_bytes, c.max_request_tokens, e.max_request_blocks,
       c.max_stream_in_flight, c.idle_ttl, c.threads, c.backend, c.drain_timeout, c.metrics_address,

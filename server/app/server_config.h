@@ -24,9 +24,10 @@ struct ServerConfig {
   int32_t q_heads = 8;
   int32_t kv_heads = 2;
   int32_t head_dim = 64;
+  int32_t v_head_dim = 0;                          // 0: head_dim; less: V is K's prefix (latent attention)
   int32_t block_size = 16;                         // tokens per block
   int64_t num_blocks = 0;                          // 0: derived from cache_bytes
-  int64_t cache_bytes = int64_t{256} << 20;        // K+V of every layer, bytes
+  int64_t cache_bytes = int64_t{256} << 20;        // K+V of every layer, bytes (K alone when latent)
   std::string cache_dtype = "fp16";                // fp32, fp16, bf16, fp8_e4m3, fp8_e5m2
   std::string kv_scales = "1,1";                   // "K,V" for every layer, or a file (app/kv_scales.h)
   int32_t split_tokens = 512;                      // multiple of block_size

@@ -33,7 +33,10 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
   add(app, "--layers", c.layers, "Model layers whose K/V the cache holds");
   add(app, "--q-heads", c.q_heads, "Query heads per token");
   add(app, "--kv-heads", c.kv_heads, "K/V heads per token (q-heads must be a multiple: GQA)");
-  add(app, "--head-dim", c.head_dim, "Elements per head (64, 128 or 256)");
+  add(app, "--head-dim", c.head_dim, "Elements per q and K head (64, 128, 256 or 576)");
+  add(app, "--v-head-dim", c.v_head_dim,
+      "Elements per V head and output head (0: --head-dim). Less than --head-dim is latent attention "
+      "(576 with 512: MLA, one KV head): V is the first N elements of K's row, stored once, and appends carry k alone");
   add(app, "--block-size", c.block_size, "Tokens per cache block");
   add(app, "--num-blocks", c.num_blocks, "Cache capacity in blocks (0: derived from --cache-bytes)");
   add(app, "--cache-bytes", c.cache_bytes, "Cache capacity in bytes, K and V of every layer (used when --num-blocks is 0)");

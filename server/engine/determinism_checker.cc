@@ -36,7 +36,8 @@ DeterminismChecker::DeterminismChecker(std::unique_ptr<BackendStream> stream, Ca
   if (!enabled() || stream_ == nullptr) return;
   const CacheGeometry& g = cache.geometry();
   const size_t capacity = std::max<size_t>(1, options_.queue_capacity);
-  // Sized for the widest q dtype (fp32) and max_rows rows, so a job never grows.
+  // Sized for the widest q dtype (fp32) and max_rows rows, so a job never grows
+  // (q rows are head_dim wide, output rows v_head_dim <= head_dim).
   const auto rows = static_cast<size_t>(std::max(1, options_.max_rows));
   const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * sizeof(float) * rows;
   jobs_.resize(capacity);
@@ -88,12 +89,11 @@ void DeterminismChecker::submit(const DecodedSequence& decoded, const Reservatio
   // The launch's own reservation still pins these blocks, so this is what it read.
   cache_.pin_copy(launch, index, job.pins);
   const CacheGeometry& g = cache_.geometry();
-  const size_t bytes =
-      static_cast<size_t>(decoded.rows) * g.num_q_heads * g.head_dim * dtype_size(decoded.q_dtype);
-  const size_t lse_count = static_cast<size_t>(decoded.rows) * g.num_q_heads;
+  const size_t cells = static_cast<size_t>(decoded.rows) * g.num_q_heads;
+  const size_t lse_count = cells;
   job.meta = decoded;
-  std::memcpy(job.q.data(), decoded.q, bytes);
-  std::memcpy(job.out.data(), decoded.out, bytes);
+  std::memcpy(job.q.data(), decoded.q, cells * g.head_dim * dtype_size(decoded.q_dtype));
+  std::memcpy(job.out.data(), decoded.out, cells * g.v_dim() * dtype_size(decoded.q_dtype));
   job.has_lse = decoded.lse != nullptr;
   if (job.has_lse) std::memcpy(job.lse.data(), decoded.lse, lse_count * sizeof(float));
   if (decoded.sinks != nullptr) std::copy_n(decoded.sinks, job.sinks.size(), job.sinks.begin());
@@ -157,7 +157,7 @@ void DeterminismChecker::worker_loop() {
 void DeterminismChecker::check(Job& job) {
   const CacheGeometry& g = cache_.geometry();
   const DecodedSequence& m = job.meta;
-  const auto elems = static_cast<int64_t>(m.rows) * g.num_q_heads * g.head_dim;
+  const auto elems = static_cast<int64_t>(m.rows) * g.num_q_heads * g.v_dim();  // of the output
   const size_t row_bytes = static_cast<size_t>(elems) * dtype_size(m.q_dtype);
   const size_t lse_count = static_cast<size_t>(m.rows) * g.num_q_heads;
 

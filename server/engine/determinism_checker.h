@@ -57,7 +57,7 @@ struct DecodedSequence {
   int32_t sliding_window = 0;
   float soft_cap = 0.f;
   const float* sinks = nullptr;    // [num_q_heads] or null
-  const void* out = nullptr;       // [rows, num_q_heads, head_dim] in q_dtype
+  const void* out = nullptr;       // [rows, num_q_heads, v_head_dim] in q_dtype
   const float* lse = nullptr;      // [rows, num_q_heads] or null (not asked for)
   int32_t splits = 0;              // chunks the launch used for this sequence
   int32_t chunk_tokens = 0;        // chunk length of the launch

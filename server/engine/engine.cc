@@ -38,7 +38,7 @@ struct Engine::Worker {
   std::vector<size_t> launched;     // indices of the items whose reservation succeeded
   std::vector<KvSource> sources;    // [parts] where each launched item's new rows come from
   std::vector<std::byte> q;         // [rows, num_q_heads, head_dim] in q dtype
-  std::vector<std::byte> out;       // [rows, num_q_heads, head_dim] in q dtype
+  std::vector<std::byte> out;       // [rows, num_q_heads, v_head_dim] in q dtype
   std::vector<float> lse;           // [rows, num_q_heads]
   std::vector<int32_t> splits;      // [batch]
   std::vector<int32_t> q_indptr;    // [batch + 1] query rows per sequence
@@ -332,6 +332,7 @@ void Engine::gather_launch(Worker& w, const std::vector<Item>& items, DecodeLaun
   const Reservation& r = w.reservation;
   const DecodeWork& head = *items[w.launched.front()].decode;
   const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * dtype_size(head.q_dtype);
+  const size_t out_row_bytes = static_cast<size_t>(g.num_q_heads) * g.v_dim() * dtype_size(head.q_dtype);
   launch.layer = r.layer();
   launch.tables = r.tables();
   launch.q_dtype = head.q_dtype;
@@ -369,7 +370,7 @@ void Engine::gather_launch(Worker& w, const std::vector<Item>& items, DecodeLaun
     return;
   }
   w.q.resize(row_bytes * static_cast<size_t>(rows));
-  w.out.resize(row_bytes * static_cast<size_t>(rows));
+  w.out.resize(out_row_bytes * static_cast<size_t>(rows));
   w.lse.resize(static_cast<size_t>(g.num_q_heads) * static_cast<size_t>(rows));
   w.splits.resize(static_cast<size_t>(r.batch()));
   size_t row = 0;
@@ -389,7 +390,7 @@ void Engine::gather_launch(Worker& w, const std::vector<Item>& items, DecodeLaun
 void Engine::scatter_results(Worker& w, std::vector<Item>& items, const DecodeLaunch& launch,
                              const DecodeOutputs& outputs, bool ok, double compute_us) {
   const CacheGeometry& g = backend_.geometry();
-  const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * dtype_size(launch.q_dtype);
+  const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.v_dim() * dtype_size(launch.q_dtype);  // output rows
   const size_t lse_row = static_cast<size_t>(g.num_q_heads);
   const bool alone = w.launched.size() == 1;
   const std::span<const int32_t> lengths = w.reservation.lengths();
@@ -462,6 +463,7 @@ void Engine::observe_launch(Worker& w, const std::vector<Item>& items, const Dec
   if (checker == nullptr || !checker->enabled()) return;
   // The launch's reservation is alive here, so a sampled sequence's blocks are still pinned.
   const size_t row_bytes = static_cast<size_t>(g.num_q_heads) * g.head_dim * dtype_size(launch.q_dtype);
+  const size_t out_row_bytes = static_cast<size_t>(g.num_q_heads) * g.v_dim() * dtype_size(launch.q_dtype);
   const size_t lse_row = static_cast<size_t>(g.num_q_heads);
   int32_t seq_index = 0;
   for (size_t i : w.launched) {
@@ -480,7 +482,7 @@ void Engine::observe_launch(Worker& w, const std::vector<Item>& items, const Dec
         seq.sliding_window = launch.sliding_window;
         seq.soft_cap = launch.soft_cap;
         seq.sinks = launch.sinks;
-        seq.out = static_cast<const std::byte*>(outputs.out) + row * row_bytes;
+        seq.out = static_cast<const std::byte*>(outputs.out) + row * out_row_bytes;
         seq.lse = outputs.lse ? outputs.lse + row * lse_row : nullptr;
         seq.splits = outputs.splits ? outputs.splits[seq_index] : 0;
         seq.chunk_tokens = outputs.chunk_tokens;

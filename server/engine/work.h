@@ -43,13 +43,13 @@ struct DecodeWork {
   const void* q = nullptr;               // [rows, num_q_heads, head_dim]
   DType q_dtype = DType::kFloat32;
   const void* k = nullptr;               // [rows, num_kv_heads, head_dim] or null
-  const void* v = nullptr;               // [rows, num_kv_heads, head_dim] or null
+  const void* v = nullptr;               // [rows, num_kv_heads, head_dim] or null (always: V is K's prefix)
   DType kv_dtype = DType::kFloat32;
   float scale = 0.f;                     // resolved: > 0
   int32_t sliding_window = 0;            // 0: none
   float soft_cap = 0.f;                  // 0: none
   const void* sinks = nullptr;           // [num_q_heads] fp32 bytes (any alignment), or null
-  void* out = nullptr;                   // [rows, num_q_heads, head_dim], q_dtype
+  void* out = nullptr;                   // [rows, num_q_heads, v_head_dim], q_dtype
   float* lse = nullptr;                  // [rows, num_q_heads] or null
   std::array<RegionPin, 5> regions;      // of q, k, v, out, lse when they lie in shared memory
   int32_t* lengths = nullptr;            // [batch] tokens attended
@@ -104,7 +104,7 @@ struct AppendWork {
   int32_t layer = 0;
   int32_t num_tokens = 0;
   const void* k = nullptr;               // [num_tokens, num_kv_heads, head_dim]
-  const void* v = nullptr;               // [num_tokens, num_kv_heads, head_dim]
+  const void* v = nullptr;               // [num_tokens, num_kv_heads, head_dim]; null when V is K's prefix
   DType dtype = DType::kFloat32;
   std::array<RegionPin, 2> regions;      // of k and v when they lie in shared memory
   std::optional<int32_t> expected_length;  // the layer's length before the append, when set

@@ -60,7 +60,7 @@ Status admit_decode(const v1::DecodeRequest& request, int64_t wire_bytes, const 
   const int64_t cells = static_cast<int64_t>(work.rows) * g.num_q_heads;
   if (request.has_output_shm()) {
     StatusOr<SharedMemorySpan> span = result_range(
-        "output_shm", request.output_shm(), cells * g.head_dim * static_cast<int64_t>(dtype_size(work.q_dtype)),
+        "output_shm", request.output_shm(), cells * g.v_dim() * static_cast<int64_t>(dtype_size(work.q_dtype)),
         dtype_size(work.q_dtype), sources);
     if (!span.ok()) return span.status();
     out = span->data;

@@ -19,9 +19,10 @@ void prepare_response(const v1::DecodeRequest& request, const CacheGeometry& g, 
   const auto batch = static_cast<int64_t>(work.ids.size());
   const auto rows = static_cast<int64_t>(work.rows);
   response.set_request_id(request.request_id());
-  const size_t out_bytes = static_cast<size_t>(rows) * g.num_q_heads * g.head_dim * dtype_size(work.q_dtype);
+  // Output rows are V's width: v_head_dim (head_dim unless V is K's prefix).
+  const size_t out_bytes = static_cast<size_t>(rows) * g.num_q_heads * g.v_dim() * dtype_size(work.q_dtype);
   v1::Tensor& output = *response.mutable_output();
-  set_tensor(output, work.q_dtype, {rows, g.num_q_heads, g.head_dim}, out != nullptr ? 0 : out_bytes);
+  set_tensor(output, work.q_dtype, {rows, g.num_q_heads, g.v_dim()}, out != nullptr ? 0 : out_bytes);
   if (out != nullptr) *output.mutable_shm() = request.output_shm();
   work.out = out != nullptr ? static_cast<void*>(out) : output.mutable_data()->data();
   work.lse = nullptr;

@@ -19,7 +19,7 @@ namespace pagoda {
 // num_kv_heads x head_dim values of dtype `wire`), that is not finite or whose
 // stored value (x / the layer's scale) is outside the cache dtype's range,
 // with its row, head and element, the value (and the range). Nothing is
-// changed.
+// changed. v is null when V is K's prefix (latent attention).
 Status check_kv_values(const void* k, const void* v, DType wire, int64_t rows, const CacheGeometry& g, KvScale scale);
 
 }  // namespace pagoda

@@ -71,6 +71,13 @@ StatusOr<TensorView> shm_tensor(const char* field, const v1::Tensor& t, uint64_t
   return view;
 }
 
+// A v sent to a latent-attention server: V is the prefix of k's rows there.
+Status latent_v_refusal(const CacheGeometry& g) {
+  return InvalidArgument("v: expected no v on a latent-attention server (v_head_dim {} < head_dim {}: V is the "
+                         "first {} elements of k's rows), received a v tensor",
+                         g.v_dim(), g.head_dim, g.v_dim());
+}
+
 }  // namespace
 
 StatusOr<TensorView> check_tensor(const char* field, const v1::Tensor& t, std::initializer_list<int64_t> shape,
@@ -166,25 +173,29 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
   }
   StatusOr<TensorView> q = check_tensor("q", r.q(), {rows, g.num_q_heads, g.head_dim}, sources);
   PAGODA_RETURN_IF_ERROR(q.status());
-  if (r.has_k() != r.has_v()) {
+  work.k = work.v = nullptr;
+  if (g.latent()) {
+    if (r.has_v()) return latent_v_refusal(g);
+  } else if (r.has_k() != r.has_v()) {
     return r.has_k() ? InvalidArgument("v: expected v together with k, received k without v")
                      : InvalidArgument("k: expected k together with v, received v without k");
   }
-  work.k = work.v = nullptr;
   if (r.has_k()) {
     StatusOr<TensorView> k = check_tensor("k", r.k(), {rows, g.num_kv_heads, g.head_dim}, sources);
     PAGODA_RETURN_IF_ERROR(k.status());
+    // K and V values are checked by admission, in one pass with the cache's range (kv_values.h).
+    work.k = k->data;
+    work.kv_dtype = k->dtype;
+    work.regions[1] = k->region;
+  }
+  if (r.has_v()) {
     StatusOr<TensorView> v = check_tensor("v", r.v(), {rows, g.num_kv_heads, g.head_dim}, sources);
     PAGODA_RETURN_IF_ERROR(v.status());
-    if (v->dtype != k->dtype) {
+    if (v->dtype != work.kv_dtype) {
       return InvalidArgument("v.dtype: expected the dtype of k ({}), received {}", v1::DType_Name(r.k().dtype()),
                              v1::DType_Name(r.v().dtype()));
     }
-    // Their values are checked by admission, in one pass with the cache's range (kv_values.h).
-    work.k = k->data;
     work.v = v->data;
-    work.kv_dtype = k->dtype;
-    work.regions[1] = k->region;
     work.regions[2] = v->region;
   }
   const float scale = r.scale();
@@ -235,17 +246,24 @@ Status decode_request(const v1::DecodeRequest& r, const CacheGeometry& g, int32_
 Status decode_request(const v1::AppendKVRequest& r, const CacheGeometry& g, AppendWork& work,
                       const TensorSources& sources) {
   PAGODA_RETURN_IF_ERROR(check_layer(r.layer(), g.num_layers));
-  if (!r.has_k() || !r.has_v()) {
+  if (g.latent()) {
+    if (r.has_v()) return latent_v_refusal(g);
+    if (!r.has_k()) return InvalidArgument("k: expected k (V is its prefix on this server), received none");
+  } else if (!r.has_k() || !r.has_v()) {
     return InvalidArgument("{}: expected k and v together, received {}", r.has_k() ? "v" : "k",
                            r.has_k() ? "k without v" : (r.has_v() ? "v without k" : "neither"));
   }
   StatusOr<TensorView> k = check_tensor("k", r.k(), {-1, g.num_kv_heads, g.head_dim}, sources);
   PAGODA_RETURN_IF_ERROR(k.status());
-  StatusOr<TensorView> v = check_tensor("v", r.v(), {k->rows, g.num_kv_heads, g.head_dim}, sources);
-  PAGODA_RETURN_IF_ERROR(v.status());
-  if (v->dtype != k->dtype) {
-    return InvalidArgument("v.dtype: expected the dtype of k ({}), received {}", v1::DType_Name(r.k().dtype()),
-                           v1::DType_Name(r.v().dtype()));
+  TensorView v;
+  if (!g.latent()) {
+    StatusOr<TensorView> checked = check_tensor("v", r.v(), {k->rows, g.num_kv_heads, g.head_dim}, sources);
+    PAGODA_RETURN_IF_ERROR(checked.status());
+    if (checked->dtype != k->dtype) {
+      return InvalidArgument("v.dtype: expected the dtype of k ({}), received {}", v1::DType_Name(r.k().dtype()),
+                             v1::DType_Name(r.v().dtype()));
+    }
+    v = *checked;
   }
   if (k->rows < 1 || k->rows > INT32_MAX) {
     return InvalidArgument("k.shape[0]: expected 1 to {} tokens, received {}", INT32_MAX, k->rows);
@@ -258,9 +276,9 @@ Status decode_request(const v1::AppendKVRequest& r, const CacheGeometry& g, Appe
   work.layer = r.layer();
   work.num_tokens = static_cast<int32_t>(k->rows);
   work.k = k->data;
-  work.v = v->data;
+  work.v = v.data;
   work.dtype = k->dtype;
-  work.regions = {k->region, v->region};
+  work.regions = {k->region, v.region};
   return Status::Ok();
 }
 

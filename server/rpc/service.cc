@@ -202,6 +202,7 @@ grpc::ServerUnaryReactor* DecodeAttentionService::GetConfig(grpc::CallbackServer
   r->set_num_q_heads(g.num_q_heads);
   r->set_num_kv_heads(g.num_kv_heads);
   r->set_head_dim(g.head_dim);
+  r->set_v_head_dim(g.v_dim());
   r->set_block_size(g.block_size);
   r->set_cache_dtype(to_wire(g.dtype));
   r->set_total_blocks(cache_.total_blocks());

@@ -60,6 +60,7 @@ void ExportChunks::header(v1::SequenceChunk* out) const {
   h->set_num_layers(geometry_.num_layers);
   h->set_num_kv_heads(geometry_.num_kv_heads);
   h->set_head_dim(geometry_.head_dim);
+  h->set_v_head_dim(geometry_.v_dim());
   h->set_cache_dtype(wire_dtype(geometry_.dtype));
   h->mutable_k_scales()->Add(k_scales_.begin(), k_scales_.end());
   h->mutable_v_scales()->Add(v_scales_.begin(), v_scales_.end());
@@ -78,7 +79,9 @@ StatusOr<bool> ExportChunks::next(BackendStream& stream, v1::SequenceChunk* out)
   if (layer_ >= geometry_.num_layers) return false;
   const int32_t end = std::min(position_ + chunk_tokens_, cut_->lengths[static_cast<size_t>(layer_)]);
   const int32_t n = end - position_;
-  const size_t half = static_cast<size_t>(n) * static_cast<size_t>(geometry_.token_kv_bytes() / 2);
+  // K rows, then V rows (none when V is K's prefix).
+  const int parts = geometry_.latent() ? 1 : 2;
+  const size_t half = static_cast<size_t>(n) * static_cast<size_t>(geometry_.token_kv_bytes() / parts);
   // Fields set one by one rather than Clear(): a reused message keeps its data
   // string, so a chunk of the same size is not zero-filled before read_kv
   // overwrites it.
@@ -88,9 +91,9 @@ StatusOr<bool> ExportChunks::next(BackendStream& stream, v1::SequenceChunk* out)
   out->set_first_token(position_);
   out->set_num_tokens(n);
   std::string* data = out->mutable_data();
-  data->resize(2 * half);
+  data->resize(parts * half);
   cut_->slots(position_, end, slots_);
-  PAGODA_RETURN_IF_ERROR(stream.read_kv(layer_, slots_, data->data(), data->data() + half));
+  PAGODA_RETURN_IF_ERROR(stream.read_kv(layer_, slots_, data->data(), parts == 2 ? data->data() + half : nullptr));
   out->set_checksum(chunk_checksum(data->data(), data->size()));
   position_ = end;
   return true;
@@ -115,6 +118,12 @@ Status ImportAssembler::check_header(const v1::SequenceHeader& h) {
   if (h.head_dim() != g.head_dim) {
     return FailedPrecondition("header.head_dim: expected {} (this server's --head-dim), received {}", g.head_dim,
                               h.head_dim());
+  }
+  // 0: an exporter older than v_head_dim, whose V was always head_dim wide.
+  const int32_t v_head_dim = h.v_head_dim() != 0 ? h.v_head_dim() : h.head_dim();
+  if (v_head_dim != g.v_dim()) {
+    return FailedPrecondition("header.v_head_dim: expected {} (this server's --v-head-dim), received {}", g.v_dim(),
+                              v_head_dim);
   }
   if (static_cast<int>(h.cache_dtype()) != static_cast<int>(g.dtype)) {
     return FailedPrecondition("header.cache_dtype: expected {} (this server's --cache-dtype), received {}",
@@ -247,9 +256,10 @@ Status ImportAssembler::finish() const {
 
 ImportRequest ImportAssembler::request(TenantId tenant) {
   rows_.clear();
+  const bool latent = geometry_.latent();  // K rows alone: V is their prefix
   for (const Piece& p : pieces_) {
     const size_t half = p.data.size() / 2;
-    rows_.push_back({p.layer, p.num_tokens, p.data.data(), p.data.data() + half});
+    rows_.push_back({p.layer, p.num_tokens, p.data.data(), latent ? nullptr : p.data.data() + half});
   }
   ImportRequest r;
   r.tenant = tenant;

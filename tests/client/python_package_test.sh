@@ -3,15 +3,17 @@
 # python3-protobuf and python3-numpy (--system-site-packages), `pip install
 # --no-build-isolation --no-deps ./client/python` (stubs generated from proto/
 # by the build), then the client's tests run against the installed package,
-# from outside the source tree and with no PYTHONPATH, and the Llama example
-# decodes through a real server with the same tokens as its own attention.
+# from outside the source tree and with no PYTHONPATH, the Llama example
+# decodes through a real server with the same tokens as its own attention, and
+# the MLA example does so through a latent-attention server (k-only appends).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 server_bin="$(realpath "${1:?usage: python_package_test.sh PAGODA_SERVER}")"
 tmp="$(mktemp -d)"
 server_pid=""
+mla_pid=""
 cleanup() {
-  if [ -n "$server_pid" ]; then kill -TERM "$server_pid" 2>/dev/null || true; wait "$server_pid" || true; fi
+  for pid in $server_pid $mla_pid; do kill -TERM "$pid" 2>/dev/null || true; wait "$pid" || true; done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -32,10 +34,11 @@ PAGODA_INSTALLED=1 "$tmp/venv/bin/python" "$root/tests/client/python_security_te
 PAGODA_INSTALLED=1 "$tmp/venv/bin/python" "$root/tests/client/python_sharded_test.py" "$server_bin"
 PAGODA_INSTALLED=1 "$tmp/venv/bin/python" "$root/tests/client/python_shm_test.py" "$server_bin"
 
-port="$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-"$server_bin" --listen "127.0.0.1:$port" --metrics-address "" --log-level warn >"$tmp/server.log" 2>&1 &
-server_pid=$!
-"$tmp/venv/bin/python" - "127.0.0.1:$port" <<'PY'
+free_port() {
+  /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+wait_for() {
+  "$tmp/venv/bin/python" - "$1" <<'PY'
 import sys, time
 import pagoda
 deadline = time.time() + 20
@@ -48,5 +51,19 @@ while True:
             sys.exit("the server did not answer within 20 s")
         time.sleep(0.1)
 PY
+}
+port="$(free_port)"
+"$server_bin" --listen "127.0.0.1:$port" --metrics-address "" --log-level warn >"$tmp/server.log" 2>&1 &
+server_pid=$!
+wait_for "127.0.0.1:$port"
 "$tmp/venv/bin/python" "$root/client/python/examples/llama_decode.py" --server "127.0.0.1:$port" --tokens 24 \
   --vocab 2048 --micro-batches 2
+
+# The shape README.md tells a newcomer to start: one latent KV head of 576, V its first 512.
+mla_port="$(free_port)"
+"$server_bin" --listen "127.0.0.1:$mla_port" --metrics-address "" --log-level warn --kv-heads 1 --head-dim 576 \
+  --v-head-dim 512 --q-heads 16 --cache-dtype bf16 --num-blocks 64 >"$tmp/mla-server.log" 2>&1 &
+mla_pid=$!
+wait_for "127.0.0.1:$mla_port"
+"$tmp/venv/bin/python" "$root/client/python/examples/mla_decode.py" --server "127.0.0.1:$mla_port" --tokens 12 \
+  --vocab 2048

@@ -99,7 +99,7 @@ void Mirror::truncate(uint64_t id, int32_t length) {
   for (LayerHistory& h : seqs_.at(id)) {
     if (h.k.size() > static_cast<size_t>(length) * row) {
       h.k.resize(static_cast<size_t>(length) * row);
-      h.v.resize(static_cast<size_t>(length) * row);
+      if (!h.v.empty()) h.v.resize(static_cast<size_t>(length) * row);  // empty: V is K's prefix
     }
   }
 }
@@ -132,7 +132,7 @@ testing::ReferenceResult Mirror::reference(int32_t layer, const std::vector<uint
         const size_t src = (static_cast<size_t>(t) * g.num_kv_heads + kvh) * g.head_dim;
         for (int32_t i = 0; i < g.head_dim; ++i) {
           k_pool[static_cast<size_t>(dst + i)] = h.k[src + i];
-          v_pool[static_cast<size_t>(dst + i)] = h.v[src + i];
+          if (!g.latent()) v_pool[static_cast<size_t>(dst + i)] = h.v[src + i];
         }
       }
     }
@@ -164,7 +164,7 @@ grpc::Status Session::append(uint64_t id, int32_t layer, const std::vector<float
   req.set_sequence_id(id);
   req.set_layer(layer);
   *req.mutable_k() = f32_tensor(k, {static_cast<int64_t>(k.size()) / row, g.num_kv_heads, g.head_dim});
-  *req.mutable_v() = f32_tensor(v, {static_cast<int64_t>(v.size()) / row, g.num_kv_heads, g.head_dim});
+  if (!v.empty()) *req.mutable_v() = f32_tensor(v, {static_cast<int64_t>(v.size()) / row, g.num_kv_heads, g.head_dim});
   v1::AppendKVResponse resp;
   grpc::Status s = stub->AppendKV(&ctx, req, &resp);
   if (layer_length) *layer_length = resp.layer_length();

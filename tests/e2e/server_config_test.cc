@@ -90,5 +90,42 @@ TEST(ServerConfig, KvScalesFromAFileOfLayerLines) {
                  "'/nonexistent/scales.txt' (not readable)");
 }
 
+// Latent attention (docs/design.md §16): --v-head-dim from the one head-shape
+// table, 0 meaning --head-dim, and one scale per layer.
+StatusOr<EffectiveConfig> resolve_latent(int32_t head_dim, int32_t v_head_dim, const std::string& scales = "1,1") {
+  ServerConfig c;
+  c.kv_heads = 1;
+  c.q_heads = 16;
+  c.head_dim = head_dim;
+  c.v_head_dim = v_head_dim;
+  c.kv_scales = scales;
+  return resolve_config(c);
+}
+
+TEST(ServerConfig, VHeadDimIsTheTablesPartnerOfHeadDim) {
+  auto mla = resolve_latent(576, 512);
+  ASSERT_TRUE(mla.ok()) << mla.status().message();
+  EXPECT_EQ(mla->geometry.v_dim(), 512);
+  EXPECT_TRUE(mla->geometry.latent());
+  // K alone per token: 576 fp16 elements x 16 tokens x 2 layers, no V.
+  EXPECT_EQ(block_bytes(mla->geometry), int64_t{576} * 2 * 16 * 2);
+  auto plain = resolve_latent(128, 0);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->geometry.v_dim(), 128);
+  EXPECT_FALSE(plain->geometry.latent());
+  expect_refused(resolve_latent(576, 0),
+                 "v_head_dim: expected 512 with head_dim 576 (V is the first 512 elements of K's row), received 576");
+  expect_refused(resolve_latent(128, 64), "v_head_dim: expected 128 (head_dim) with head_dim 128, received 64");
+  expect_refused(resolve_latent(128, -1), "v_head_dim: expected 128 (head_dim) with head_dim 128, received -1");
+  expect_refused(resolve_latent(96, 0), "head_dim: expected 64, 128, 256 or 576, received 96");
+}
+
+TEST(ServerConfig, LatentAttentionHasOneScalePerLayer) {
+  ASSERT_TRUE(resolve_latent(576, 512, "0.5,0.5").ok());
+  expect_refused(resolve_latent(576, 512, "0.5,1"),
+                 "--kv-scales: expected the V scale equal to the K scale on a latent-attention server (V is the "
+                 "first 512 elements of K's row, stored once), received layer 0 K 0.5 V 1");
+}
+
 }  // namespace
 }  // namespace pagoda

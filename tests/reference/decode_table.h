@@ -72,17 +72,20 @@ struct DecodeCase {
   int32_t block_size;
   DType cache;
   DType q;
+  int32_t v_head_dim = 0;  // 0: head_dim; less: latent attention, V the prefix of K's row
+  int32_t kv_heads = kTableKvHeads;
 };
 
-// The cache of one case: kTableKvHeads KV heads, two layers, room for the
+// The cache of one case: its KV heads (kTableKvHeads unless latent), two layers, room for the
 // table's lengths (each rounded up a block, for a spike) and spare blocks
 // that stay free (and NaN).
 inline CacheGeometry table_geometry(const DecodeCase& c) {
   CacheGeometry g;
   g.num_layers = 2;
-  g.num_kv_heads = kTableKvHeads;
-  g.num_q_heads = kTableKvHeads * c.gqa;
+  g.num_kv_heads = c.kv_heads;
+  g.num_q_heads = c.kv_heads * c.gqa;
   g.head_dim = c.head_dim;
+  g.v_head_dim = c.v_head_dim;
   g.block_size = c.block_size;
   g.dtype = c.cache;
   int32_t blocks = 8;
@@ -92,7 +95,10 @@ inline CacheGeometry table_geometry(const DecodeCase& c) {
 }
 
 inline std::string to_string(const DecodeCase& c) {
-  return fmt::format("d{}_gqa{}_bs{}_kv{}_q{}", c.head_dim, c.gqa, c.block_size, dtype_name(c.cache),
+  const std::string latent = c.v_head_dim > 0 && c.v_head_dim < c.head_dim
+                                 ? fmt::format("v{}_heads{}_", c.v_head_dim, c.kv_heads)
+                                 : std::string();
+  return fmt::format("d{}_{}gqa{}_bs{}_kv{}_q{}", c.head_dim, latent, c.gqa, c.block_size, dtype_name(c.cache),
                      dtype_name(c.q));
 }
 
@@ -105,15 +111,28 @@ inline std::string case_name(const ::testing::TestParamInfo<DecodeCase>& info) {
 // dtype, with q in fp32 against every cache dtype and q in the cache's own dtype
 // (16- and 32-bit caches; fp8 is never a tensor dtype). For fp8 the reference
 // reads the dequantised K/V, so the bounds are those of q's dtype all the same.
+// Then latent attention (MLA, docs/design.md §16): one KV head whose 576-element
+// rows are K and whose first 512 elements are V, with 16 query heads (block
+// sizes 1 and 16) and 128 (block size 16: the heaviest rows of the table).
 inline std::vector<DecodeCase> decode_table() {
   std::vector<DecodeCase> cases;
+  const DType caches[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3,
+                          DType::kFloat8E5M2};
+  const DType queries[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
   for (int32_t d : {64, 128, 256})
     for (int32_t gqa : {1, 4, 8})
       for (int32_t bs : {1, 3, 7, 16})
-        for (DType cache : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3,
-                            DType::kFloat8E5M2})
-          for (DType q : {DType::kFloat32, DType::kFloat16, DType::kBFloat16})
+        for (DType cache : caches)
+          for (DType q : queries)
             if (q == DType::kFloat32 || q == cache) cases.push_back({d, gqa, bs, cache, q});
+  struct Latent {
+    int32_t gqa;
+    int32_t block_size;
+  };
+  for (const Latent l : {Latent{16, 1}, Latent{16, 16}, Latent{128, 16}})
+    for (DType cache : caches)
+      for (DType q : queries)
+        if (q == DType::kFloat32 || q == cache) cases.push_back({576, l.gqa, l.block_size, cache, q, 512, 1});
   return cases;
 }
 
@@ -142,7 +161,7 @@ inline void expect_matches_reference(const std::vector<float>& out, const std::v
 template <typename Decoded>
 void expect_table_decode(const CacheGeometry& g, const Decoded& got, const ReferenceResult& want, DType q_dtype) {
   expect_matches_reference(got.out, got.lse, want, q_dtype);
-  const int32_t row = g.num_q_heads * g.head_dim;
+  const int32_t row = g.num_q_heads * g.v_dim();
   for (size_t b = 0; b < std::size(kTableLengths); ++b) {
     EXPECT_EQ(got.splits[b], (kTableLengths[b] + got.chunk_tokens - 1) / got.chunk_tokens) << "sequence " << b;
     if (kTableLengths[b] != 0) continue;

@@ -11,10 +11,14 @@ ReferenceResult naive_decode(const CacheGeometry& g, const std::vector<double>& 
                              const BatchBlockTables& tables, const std::vector<double>& q,
                              double scale, const ReferenceVariant& variant) {
   const int32_t d = g.head_dim;
+  // V's width; under latent attention V is the first dv elements of K's row
+  // and v_pool is not read.
+  const int32_t dv = g.v_head_dim > 0 ? g.v_head_dim : g.head_dim;
+  const std::vector<double>& values = dv < d ? k_pool : v_pool;
   const int32_t group = g.num_q_heads / g.num_kv_heads;
   const int32_t total_rows = variant.q_indptr ? variant.q_indptr[tables.batch] : tables.batch;
   ReferenceResult r;
-  r.out.assign(static_cast<size_t>(total_rows) * g.num_q_heads * d, 0.0);
+  r.out.assign(static_cast<size_t>(total_rows) * g.num_q_heads * dv, 0.0);
   r.lse.assign(static_cast<size_t>(total_rows) * g.num_q_heads, -std::numeric_limits<double>::infinity());
   for (int32_t b = 0; b < tables.batch; ++b) {
     const int64_t len = tables.lengths[b];
@@ -47,10 +51,10 @@ ReferenceResult naive_decode(const CacheGeometry& g, const std::vector<double>& 
         for (double s : scores) mx = std::max(mx, s);
         double sum = sink ? std::exp((*variant.sinks)[static_cast<size_t>(h)] - mx) : 0.0;
         for (double& s : scores) sum += (s = std::exp(s - mx));
-        double* orow = &r.out[(static_cast<size_t>(row) * g.num_q_heads + h) * d];
+        double* orow = &r.out[(static_cast<size_t>(row) * g.num_q_heads + h) * dv];
         for (size_t t = 0; t < scores.size(); ++t) {
           const double p = scores[t] / sum;
-          for (int32_t e = 0; e < d; ++e) orow[e] += p * v_pool[offsets[t] + e];
+          for (int32_t e = 0; e < dv; ++e) orow[e] += p * values[offsets[t] + e];
         }
         r.lse[static_cast<size_t>(row) * g.num_q_heads + h] = mx + std::log(sum);
       }

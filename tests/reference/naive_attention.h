@@ -11,7 +11,7 @@
 namespace pagoda::testing {
 
 struct ReferenceResult {
-  std::vector<double> out;  // [rows, num_q_heads, head_dim]
+  std::vector<double> out;  // [rows, num_q_heads, v_head_dim]
   std::vector<double> lse;  // [rows, num_q_heads], natural log; -inf for no keys and no sink
 };
 
@@ -26,6 +26,8 @@ struct ReferenceVariant {
 };
 
 // k_pool / v_pool: the whole cache as double, laid out as CacheGeometry says.
+// Latent attention (v_head_dim < head_dim): V is the first v_head_dim
+// elements of each K row, and v_pool is not read.
 // q: [rows, num_q_heads, head_dim] as double. scale in natural units.
 ReferenceResult naive_decode(const CacheGeometry& g, const std::vector<double>& k_pool,
                              const std::vector<double>& v_pool, int32_t layer,

@@ -123,6 +123,13 @@ void CacheFixture::append_random(SequenceId id, int32_t layer, int32_t n) {
   std::vector<float> k(elems), v(elems);
   for (float& x : k) x = normal(rng_);
   for (float& x : v) x = unit(rng_);
+  // Latent attention: V is K's prefix, drawn as V is.
+  const int32_t dv = geometry_.v_dim(), d = geometry_.head_dim;
+  if (geometry_.latent()) {
+    for (size_t i = 0; i < elems; ++i) {
+      if (static_cast<int32_t>(i % d) < dv) k[i] = unit(rng_);
+    }
+  }
   append_rows(id, layer, n, k, v);
 }
 
@@ -132,7 +139,8 @@ void CacheFixture::append_rows(SequenceId id, int32_t layer, int32_t n, const st
   ASSERT_TRUE(before.ok()) << before.status().message();
   const int32_t first = before->layer_lengths[layer];
   const std::vector<int32_t> table = cache_->block_table(id);
-  auto len = cache_->append(*stream_, id, layer, n, k.data(), v.data(), DType::kFloat32);
+  auto len = cache_->append(*stream_, id, layer, n, k.data(), geometry_.latent() ? nullptr : v.data(),
+                            DType::kFloat32);
   ASSERT_TRUE(len.ok()) << len.status().message();
   ASSERT_EQ(*len, first + n);
   follow_copies(id, table);
@@ -183,7 +191,7 @@ void CacheFixture::mirror(SequenceId id, int32_t layer, int32_t first, int32_t n
   w.num_tokens = n;
   w.slots = slots.data();
   w.k = k.data();
-  w.v = v.data();
+  w.v = g.latent() ? nullptr : v.data();
   w.dtype = DType::kFloat32;
   for (size_t i = 0; i < also_streams_.size(); ++i) {
     const Status s = also_streams_[i]->write_kv(std::span<const KvWrite>(&w, 1));
@@ -208,7 +216,9 @@ void CacheFixture::append_spike(SequenceId id, int32_t layer, const Queries& q, 
   for (int32_t h = 0; h < g.num_kv_heads; ++h) {
     const size_t q_off = (static_cast<size_t>(row) * g.num_q_heads + static_cast<size_t>(h) * g.group_size()) * g.head_dim;
     for (int32_t i = 0; i < g.head_dim; ++i) {
-      k[static_cast<size_t>(h) * g.head_dim + i] = 4.f * q.values[q_off + i];
+      // Latent attention: the V prefix of the row stays in [-1, 1]; the rest carries the spike.
+      const bool value_part = g.latent() && i < g.v_dim();
+      k[static_cast<size_t>(h) * g.head_dim + i] = value_part ? unit(rng_) : 4.f * q.values[q_off + i];
       v[static_cast<size_t>(h) * g.head_dim + i] = unit(rng_);
     }
   }
@@ -237,7 +247,7 @@ CacheFixture::Decoded CacheFixture::decode_on(size_t backend_index, int32_t laye
   const std::vector<int32_t> q_indptr = q_indptr_of(variant.q_lengths);
   const int32_t total_rows = q_indptr.empty() ? batch : q_indptr.back();
   const size_t rows = static_cast<size_t>(total_rows) * geometry_.num_q_heads;
-  d.out_bytes.resize(rows * geometry_.head_dim * dtype_size(q.dtype));
+  d.out_bytes.resize(rows * geometry_.v_dim() * dtype_size(q.dtype));
   d.lse.resize(rows);
   d.splits.resize(batch);
   DecodeLaunch launch;
@@ -261,7 +271,7 @@ CacheFixture::Decoded CacheFixture::decode_on(size_t backend_index, int32_t laye
   d.chunk_tokens = out.chunk_tokens;
   d.kv_bytes_read = out.kv_bytes_read;
   d.kv_bytes_shared = out.kv_bytes_shared;
-  d.out.resize(rows * geometry_.head_dim);
+  d.out.resize(rows * geometry_.v_dim());
   convert_to_float(d.out_bytes.data(), q.dtype, d.out.data(), static_cast<int64_t>(d.out.size()));
   return d;
 }

@@ -193,6 +193,13 @@ class ServerConfig:
     auth: bool
     max_sequences: int
     max_sequence_tokens: int
+    v_head_dim: int               # of V and output rows; < head_dim: latent attention (V is K's prefix)
+
+    @property
+    def latent(self) -> bool:
+        """Latent attention (MLA, docs/design.md §16): appends and decodes carry k alone,
+        whose rows' first v_head_dim elements are V."""
+        return 0 < self.v_head_dim < self.head_dim
 
     @classmethod
     def from_proto(cls, m) -> "ServerConfig":
@@ -200,13 +207,14 @@ class ServerConfig:
         for f in dataclasses.fields(cls):
             v = getattr(m, f.name)
             values[f.name] = tuple(v) if f.type == "tuple" else v
+        values["v_head_dim"] = values["v_head_dim"] or values["head_dim"]  # 0: a server older than the field
         return cls(**values)
 
 
 @dataclasses.dataclass
 class DecodeResult:
     request_id: int
-    output: np.ndarray            # [rows, q_heads, head_dim] float32 (rows: sum(q_lengths) or batch)
+    output: np.ndarray            # [rows, q_heads, v_head_dim] float32 (rows: sum(q_lengths) or batch)
     lse: Optional[np.ndarray]     # [rows, q_heads] natural log, or None
     lengths: list                 # [batch] tokens attended per sequence
     splits: list                  # [batch] split-KV chunks per sequence
@@ -280,20 +288,24 @@ class PagodaClient:
                      self.pb.CreateSequenceRequest(label=label), timeout=self.timeout)
         return resp.sequence_id
 
-    def append_kv(self, sequence_id: int, layer: int, k, v,
+    def append_kv(self, sequence_id: int, layer: int, k, v=None,
                   dtype=None, expected_length: Optional[int] = None) -> int:
         """Appends k, v [n, kv_heads, head_dim] (numpy or torch) to one layer; returns its
-        new length. The wire dtype follows k unless `dtype` says. With expected_length the
-        layer must hold exactly that many tokens first (FAILED_PRECONDITION otherwise,
-        nothing appended): a retry is then safe. k, v may be ShmTensors of a registered
-        region (read where they lie)."""
+        new length. On a latent-attention server (config().latent) k alone: V is the first
+        v_head_dim elements of its rows. The wire dtype follows k unless `dtype` says. With
+        expected_length the layer must hold exactly that many tokens first
+        (FAILED_PRECONDITION otherwise, nothing appended): a retry is then safe. k, v may be
+        ShmTensors of a registered region (read where they lie)."""
+        cfg = self.config()
+        _check_kv(cfg, k, v)
         if not isinstance(k, ShmTensor):
             dtype = _tensors.follow_dtype(k, dtype)
-            cfg = self.config()
             k = _tensors.shaped(k, (-1, cfg.num_kv_heads, cfg.head_dim))
-            v = _tensors.shaped(v, (-1, cfg.num_kv_heads, cfg.head_dim))
-        req = self.pb.AppendKVRequest(sequence_id=sequence_id, layer=layer,
-                                      k=self._tensor(k, dtype), v=self._tensor(v, dtype))
+            if v is not None:
+                v = _tensors.shaped(v, (-1, cfg.num_kv_heads, cfg.head_dim))
+        req = self.pb.AppendKVRequest(sequence_id=sequence_id, layer=layer, k=self._tensor(k, dtype))
+        if v is not None:
+            req.v.CopyFrom(self._tensor(v, dtype))
         if expected_length is not None:
             req.expected_length = expected_length
         return _call("AppendKV", self.stub.AppendKV, req, timeout=self.timeout).layer_length
@@ -306,8 +318,9 @@ class PagodaClient:
                expected_lengths: Optional[Sequence[int]] = None, out: Optional["ShmTensor"] = None,
                lse_out: Optional["ShmTensor"] = None) -> DecodeResult:
         """One decode step: q [rows, q_heads, head_dim]; k, v [rows, kv_heads, head_dim]
-        (optional) are appended to `layer` before attending. rows = sum(q_lengths), or
-        one per sequence. The variants (docs/design.md §9): q_lengths (query rows per sequence,
+        (optional; k alone on a latent-attention server) are appended to `layer` before
+        attending; the output is [rows, q_heads, v_head_dim]. rows = sum(q_lengths), or
+        one per sequence. On a latent-attention server send the model's scale (0 means 1/sqrt(head_dim) there too). The variants (docs/design.md §9): q_lengths (query rows per sequence,
         its last tokens), sliding_window, logits_soft_cap, sinks [q_heads] (natural
         log), expected_lengths (lengths before the append: a safe retry).
         q, k, v are numpy arrays or torch CPU tensors (fp32, fp16, bf16); the wire dtype
@@ -320,10 +333,11 @@ class PagodaClient:
         resp = _call("Decode", self.stub.Decode, req, timeout=self.timeout)
         return self._result(resp, _rows(sequence_ids, q_lengths), like=q)
 
-    def decode_step(self, layer: int, sequence_ids: Sequence[int], q: np.ndarray, k: np.ndarray, v: np.ndarray,
+    def decode_step(self, layer: int, sequence_ids: Sequence[int], q: np.ndarray, k: np.ndarray, v=None,
                     expected_lengths: Optional[Sequence[int]] = None, attempts: int = 4, backoff: float = 0.005,
                     **decode_kwargs) -> DecodeResult:
-        """One decode step that is safe to retry (docs/design.md §11): appends k, v and attends,
+        """One decode step that is safe to retry (docs/design.md §11): appends k, v (k alone on a
+        latent-attention server) and attends,
         sending expected_lengths (read with GetSequence first when not given). Calls that
         end DEADLINE_EXCEEDED or UNAVAILABLE are sent again, up to `attempts` calls in all;
         a FAILED_PRECONDITION whose sequences hold exactly expected + rows tokens means an
@@ -556,8 +570,8 @@ class PagodaClient:
         if q_lengths is not None and len(q_lengths) != len(sequence_ids):
             raise ValueError(f"q_lengths: expected {len(sequence_ids)} entries (one per sequence), "
                              f"received {len(q_lengths)}")
-        if (k is None) != (v is None):
-            raise ValueError("k, v: expected both or neither")
+        if k is not None or v is not None:
+            _check_kv(cfg, k, v)
         rows = _rows(sequence_ids, q_lengths)
         shm = isinstance(q, ShmTensor)  # then q, k, v lie in a region, already in their wire dtype and shape
         if not shm:
@@ -573,7 +587,8 @@ class PagodaClient:
         if k is not None:
             shape = (rows, cfg.num_kv_heads, cfg.head_dim)
             req.k.CopyFrom(self._tensor(k if shm else _tensors.shaped(k, shape), dtype))
-            req.v.CopyFrom(self._tensor(v if shm else _tensors.shaped(v, shape), dtype))
+            if v is not None:
+                req.v.CopyFrom(self._tensor(v if shm else _tensors.shaped(v, shape), dtype))
         if out is not None:
             req.output_shm.CopyFrom(self._shm_ref(out))
         if lse_out is not None:
@@ -587,7 +602,7 @@ class PagodaClient:
         if shm_out:
             out = self._shm_view(resp.output)
         else:
-            out = decode_tensor(resp.output.data, resp.output.dtype, (rows, cfg.num_q_heads, cfg.head_dim), "output")
+            out = decode_tensor(resp.output.data, resp.output.dtype, (rows, cfg.num_q_heads, cfg.v_head_dim), "output")
         if resp.HasField("lse") and resp.lse.HasField("shm"):
             lse = self._shm_view(resp.lse)
         elif resp.HasField("lse") and resp.lse.data:
@@ -605,6 +620,19 @@ class PagodaClient:
                             resp.split_tokens, resp.deterministic,
                             {"queue_us": resp.timing.queue_us, "compute_us": resp.timing.compute_us,
                              "total_us": resp.timing.total_us})
+
+
+def _check_kv(cfg: ServerConfig, k, v) -> None:
+    """k with v, or k alone on a latent-attention server (V is the prefix of k's rows)."""
+    if cfg.latent:
+        if v is not None:
+            raise ValueError(f"v: expected none on a latent-attention server (v_head_dim {cfg.v_head_dim} < "
+                             f"head_dim {cfg.head_dim}: V is the first {cfg.v_head_dim} elements of k's rows), "
+                             f"received a v")
+        if k is None:
+            raise ValueError("k: expected k (V is its prefix on this server), received none")
+    elif (k is None) != (v is None):
+        raise ValueError("k, v: expected both or neither")
 
 
 def _rows(sequence_ids, q_lengths) -> int:

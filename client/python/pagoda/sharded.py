@@ -123,7 +123,7 @@ class ShardedClient:
         self.placed[ref] = key
         return ref
 
-    def append_kv(self, ref: SequenceRef, layer: int, k, v, **kwargs) -> int:
+    def append_kv(self, ref: SequenceRef, layer: int, k, v=None, **kwargs) -> int:
         return self._on(ref.endpoint, PagodaClient.append_kv, ref.sequence_id, layer, k, v, **kwargs)
 
     def free_sequence(self, ref: SequenceRef) -> None:
@@ -167,8 +167,8 @@ class ShardedClient:
     def decode(self, layer: int, refs: Sequence[SequenceRef], q, k=None, v=None, return_lse: bool = False,
                **kwargs):
         """One decode step for a batch spread over pods (one query row per sequence): one Decode
-        per pod, concurrently; returns (output [batch, q_heads, head_dim], lse or None, lengths)
-        in the order of `refs`."""
+        per pod, concurrently; returns (output [batch, q_heads, v_head_dim], lse or None, lengths)
+        in the order of `refs`. A latent-attention server takes k alone."""
         cfg = self.config()
         q = np.asarray(q, dtype=np.float32).reshape(len(refs), cfg.num_q_heads, cfg.head_dim)
         kv_shape = (len(refs), cfg.num_kv_heads, cfg.head_dim)
@@ -184,7 +184,7 @@ class ShardedClient:
                             return_lse=return_lse, **kwargs)
 
         futures = {e: self._pool.submit(part, e, idx) for e, idx in rows.items()}
-        out = np.zeros_like(q)
+        out = np.zeros((len(refs), cfg.num_q_heads, cfg.v_head_dim), dtype=np.float32)
         lse = np.zeros((len(refs), cfg.num_q_heads), dtype=np.float32) if return_lse else None
         lengths = [0] * len(refs)
         for endpoint, idx in rows.items():
@@ -216,16 +216,16 @@ class ShardedSequence:
         cfg = client.config()
         self._lengths = [[0] * cfg.num_layers for _ in parts]
 
-    def append_kv(self, layer: int, k, v, chunk: int = 256) -> int:
-        """Appends k, v [n, kv_heads, head_dim] in chunks of `chunk` tokens, each to the least
-        filled part; returns the layer's total length."""
+    def append_kv(self, layer: int, k, v=None, chunk: int = 256) -> int:
+        """Appends k, v [n, kv_heads, head_dim] (k alone on a latent-attention server) in chunks
+        of `chunk` tokens, each to the least filled part; returns the layer's total length."""
         k = np.asarray(k, dtype=np.float32)
-        v = np.asarray(v, dtype=np.float32)
+        v = None if v is None else np.asarray(v, dtype=np.float32)
         for start in range(0, k.shape[0], chunk):
             p = min(range(len(self.parts)), key=lambda i: self._lengths[i][layer])
             ref = self.parts[p]
             self._lengths[p][layer] = self._client.append_kv(ref, layer, k[start:start + chunk],
-                                                             v[start:start + chunk])
+                                                             None if v is None else v[start:start + chunk])
         return self.length(layer)
 
     def length(self, layer: int) -> int:

@@ -29,7 +29,7 @@ struct KvWrite {
   int32_t num_tokens = 0;
   const int64_t* slots = nullptr;  // [num_tokens] flat slots (block * block_size + offset)
   const void* k = nullptr;         // [num_tokens, num_kv_heads, head_dim]
-  const void* v = nullptr;         // [num_tokens, num_kv_heads, head_dim]
+  const void* v = nullptr;         // [num_tokens, num_kv_heads, head_dim]; unread (null) when V is K's prefix
   DType dtype = DType::kFloat32;   // element type of k and v (converted to the cache dtype)
   // fp8 cache: elements clamped to the format's largest finite value are
   // added here when set (pagoda/fp8.h).
@@ -66,7 +66,7 @@ struct DecodeLaunch {
 };
 
 struct DecodeOutputs {
-  void* out = nullptr;       // [rows, num_q_heads, head_dim], dtype of q
+  void* out = nullptr;       // [rows, num_q_heads, v_head_dim], dtype of q
   float* lse = nullptr;      // [rows, num_q_heads] natural log, -inf for no keys; may be null
   int32_t* splits = nullptr; // [batch] chunks launched per sequence; may be null
   int32_t chunk_tokens = 0;  // chunk length the launch used
@@ -89,7 +89,8 @@ class BackendStream {
   virtual Status write_kv(std::span<const KvWrite> writes) = 0;
   // The rows of `slots` in `layer` exactly as stored (cache dtype bytes: no
   // scale, no conversion) into k and v, each [slots, num_kv_heads, head_dim]
-  // (an export: the bits leave as they are).
+  // (an export: the bits leave as they are). Latent attention (V is K's
+  // prefix, geometry().latent()) has K rows only: v is neither read nor written.
   virtual Status read_kv(int32_t layer, std::span<const int64_t> slots, void* k, void* v) = 0;
   // The reverse of read_kv: stored bytes into the slots, copied unchanged (an
   // import keeps the exporter's bits). The slots must not overlap another

@@ -38,7 +38,7 @@ struct LaunchConstants {
   float soft_cap = 0.f;       // 0: none
   float inv_soft_cap = 0.f;   // 1 / soft_cap
   float soft_cap_log2 = 0.f;  // soft_cap * log2(e)
-  float out_scale = 1.f;      // the layer's V scale, folded into the merge's 1 / l
+  float out_scale = 1.f;      // the layer's V scale (K's when V is K's prefix), folded into the merge's 1 / l
   bool has_sinks = false;     // sinks_log2() is [num_q_heads] when set
 };
 

@@ -13,8 +13,8 @@
 
 namespace pagoda {
 
-// Positive sizes, q heads a multiple of KV heads, a supported head_dim and a
-// known cache dtype. The message names the field, the expected and the
+// Positive sizes, q heads a multiple of KV heads, a supported head_dim with
+// the v_head_dim vocabulary.h pairs it with, and a known cache dtype. The message names the field, the expected and the
 // received value, e.g. "num_q_heads: expected a positive multiple of
 // num_kv_heads (4), received 6".
 Status validate_geometry(const CacheGeometry& g);

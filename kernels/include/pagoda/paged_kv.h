@@ -6,6 +6,8 @@
 //     [num_layers][num_blocks][num_kv_heads][block_size][head_dim]
 // so a block id addresses the same slot in every layer, and the tokens of one KV
 // head inside a block are contiguous: a worker for one KV head streams memory.
+// Latent attention (v_head_dim < head_dim, docs/design.md §16) has no V pool:
+// V is the first v_head_dim elements of each K row, read in place.
 // Token t of a sequence sits in block block_ids[indptr[b] + t / block_size] at
 // slot t % block_size. All offsets are 64-bit (block * stride overflows 32 bits).
 
@@ -24,8 +26,15 @@ struct CacheGeometry {
   int32_t block_size = 16;
   int32_t num_blocks = 0;
   DType dtype = DType::kFloat16;
+  // Elements of a V row (the output's last dimension); 0 means head_dim.
+  // Smaller than head_dim: V is the prefix of K's row, stored once. Last, so
+  // that positional initialisers written before it keep their meaning.
+  int32_t v_head_dim = 0;
 
   HD int32_t group_size() const { return num_q_heads / num_kv_heads; }
+  // V's width, and whether V is K's prefix (then no V pool exists).
+  HD int32_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  HD bool latent() const { return v_dim() < head_dim; }
   // Elements between consecutive tokens, KV heads, blocks and layers.
   HD int64_t token_stride() const { return head_dim; }
   HD int64_t head_stride() const { return static_cast<int64_t>(block_size) * head_dim; }
@@ -36,13 +45,14 @@ struct CacheGeometry {
     return layer * layer_stride() + block * block_stride() + kv_head * head_stride() +
            static_cast<int64_t>(slot) * token_stride();
   }
-  // Bytes of K plus V for one token of one layer.
+  // Bytes of K plus V for one token of one layer (K alone when V is its prefix).
   HD int64_t token_kv_bytes() const {
-    return 2 * static_cast<int64_t>(num_kv_heads) * head_dim * static_cast<int64_t>(dtype_size(dtype));
+    return (latent() ? 1 : 2) * static_cast<int64_t>(num_kv_heads) * head_dim * static_cast<int64_t>(dtype_size(dtype));
   }
 };
 
-// The pools: base pointers of K and V (element type given by geometry.dtype).
+// The pools: base pointers of K and V (element type given by geometry.dtype;
+// v is null under latent attention, whose V rows are K's).
 struct KvPool {
   void* k = nullptr;
   void* v = nullptr;

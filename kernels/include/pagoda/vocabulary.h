@@ -19,8 +19,31 @@ namespace pagoda {
 
 // ---- head dims ------------------------------------------------------------------
 
-// Head dimensions every backend is instantiated for (CPU and CUDA alike).
-inline constexpr std::array<int32_t, 3> kHeadDims = {64, 128, 256};
+// The head shapes every backend is instantiated for (CPU and CUDA alike): K
+// rows of head_dim elements, V rows of v_head_dim. v_head_dim < head_dim is
+// latent attention (MLA, docs/design.md §16): V is the first v_head_dim
+// elements of K's row, stored once (576 = 512 latent + 64 RoPE: DeepSeek-V2/V3,
+// Kimi K2). One entry per head_dim.
+struct HeadShape {
+  int32_t head_dim;
+  int32_t v_head_dim;
+};
+inline constexpr std::array<HeadShape, 4> kHeadShapes = {{{64, 64}, {128, 128}, {256, 256}, {576, 512}}};
+
+// The head dims of kHeadShapes, in its order.
+inline constexpr std::array<int32_t, kHeadShapes.size()> kHeadDims = [] {
+  std::array<int32_t, kHeadShapes.size()> dims{};
+  for (size_t i = 0; i < kHeadShapes.size(); ++i) dims[i] = kHeadShapes[i].head_dim;
+  return dims;
+}();
+
+// The v_head_dim kHeadShapes pairs with head_dim (0 when head_dim is not there).
+constexpr int32_t v_head_dim_for(int32_t head_dim) {
+  for (const HeadShape& s : kHeadShapes) {
+    if (s.head_dim == head_dim) return s.v_head_dim;
+  }
+  return 0;
+}
 
 constexpr int32_t max_head_dim() {
   int32_t m = 0;
@@ -63,7 +86,7 @@ constexpr decltype(auto) dispatch_head_dim(int32_t head_dim, Fn&& fn, Fallback&&
                                 std::make_index_sequence<kHeadDims.size()>{});
 }
 
-// "64, 128 or 256"; "fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2"; "FLOAT32,
+// "64, 128, 256 or 576"; "fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2"; "FLOAT32,
 // FLOAT16 or BFLOAT16" (wire_only): the lists validation messages print.
 std::string head_dim_list();
 std::string cache_dtype_list();

@@ -60,7 +60,8 @@ class Client {
 
   Result<uint64_t> create_sequence(const std::string& label = {});
   // Appends n tokens to one layer: k and v are [n, num_kv_heads, head_dim], sent
-  // as `dtype`. With `expected_length`, the layer must hold exactly that many
+  // as `dtype`; on a latent-attention server (ServerConfig::latent()) k alone,
+  // v empty: V is the first v_head_dim elements of k's rows. With `expected_length`, the layer must hold exactly that many
   // tokens first (FAILED_PRECONDITION otherwise, nothing appended): a retried
   // append is then safe. Returns the layer's new length.
   Result<int32_t> append_kv(uint64_t sequence_id, int32_t layer, std::span<const float> k,

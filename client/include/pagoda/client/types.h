@@ -20,7 +20,8 @@ struct ServerConfig {
   int32_t num_layers = 0;
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;
+  int32_t head_dim = 0;    // of q and K rows
+  int32_t v_head_dim = 0;  // of V and output rows; less than head_dim: latent attention (V is K's prefix)
   int32_t block_size = 0;
   DType cache_dtype = DType::kFloat32;
   int32_t total_blocks = 0;
@@ -44,10 +45,15 @@ struct ServerConfig {
   bool tls = false;   // the server serves TLS
   bool auth = false;  // the server requires a bearer token
 
+  // Latent attention (MLA, docs/design.md §16): appends and decodes carry k
+  // alone, whose rows' first v_head_dim elements are V.
+  bool latent() const { return v_head_dim > 0 && v_head_dim < head_dim; }
   // Elements of one token's K (or V) in one layer: num_kv_heads * head_dim.
   int64_t kv_row() const { return static_cast<int64_t>(num_kv_heads) * head_dim; }
-  // Elements of one sequence's query (or output) row: num_q_heads * head_dim.
+  // Elements of one sequence's query row: num_q_heads * head_dim.
   int64_t q_row() const { return static_cast<int64_t>(num_q_heads) * head_dim; }
+  // Elements of one output row: num_q_heads * v_head_dim.
+  int64_t out_row() const { return static_cast<int64_t>(num_q_heads) * (v_head_dim > 0 ? v_head_dim : head_dim); }
 };
 
 // One decode step of one layer for a batch of sequences. Spans are borrowed:
@@ -59,10 +65,12 @@ struct DecodeArgs {
   // sequence's rows in request order (docs/design.md §9).
   std::span<const float> q{};            // [rows, num_q_heads, head_dim]
   std::span<const float> k{};            // [rows, num_kv_heads, head_dim] or empty
-  std::span<const float> v{};            // [rows, num_kv_heads, head_dim] or empty (with k)
+  // [rows, num_kv_heads, head_dim] or empty: with k, except on a latent-attention
+  // server (ServerConfig::latent()), which takes k alone.
+  std::span<const float> v{};
   DType q_dtype = DType::kFloat32;     // wire dtype of q (and of the output)
   DType kv_dtype = DType::kFloat32;    // wire dtype of k and v
-  float scale = 0.f;                   // 0 -> 1/sqrt(head_dim)
+  float scale = 0.f;                   // 0 -> 1/sqrt(head_dim); required (> 0) on a latent-attention server
   bool return_lse = false;
   uint64_t request_id = 0;             // 0: the client assigns one
   // Attention variants (docs/design.md §9); the defaults are plain causal decode.
@@ -89,7 +97,7 @@ struct DecodeTiming {
 
 struct DecodeResult {
   uint64_t request_id = 0;
-  std::vector<float> output;    // [rows, num_q_heads, head_dim] (converted from q's dtype)
+  std::vector<float> output;    // [rows, num_q_heads, v_head_dim] (converted from q's dtype)
   std::vector<float> lse;       // [rows, num_q_heads] natural log; empty unless asked
   std::vector<int32_t> lengths; // [batch] tokens attended per sequence
   std::vector<int32_t> splits;  // [batch] split-KV chunks per sequence

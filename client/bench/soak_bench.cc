@@ -138,6 +138,14 @@ int run(const SoakArgs& a) {
     fmt::print(stderr, "error: {}\n", config.error().to_string());
     return 2;
   }
+  if (config->latent()) {
+    // Its reference and its appends are written for separate K and V rows.
+    fmt::print(stderr,
+               "error: server: expected separate K and V heads (v_head_dim = head_dim), received a latent-attention "
+               "server (head_dim {}, v_head_dim {}); pagoda-bench kernel and service take --v-head-dim\n",
+               config->head_dim, config->v_head_dim);
+    return 2;
+  }
   if (a.sigterm_after_s > 0 && a.server_pid <= 0) {
     fmt::print(stderr, "error: --sigterm-after: expected --server-pid too, received none\n");
     return 2;

@@ -68,6 +68,7 @@ constexpr int64_t kPiece = 256;
 }  // namespace
 
 void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
+  if (n <= 0) return;  // empty tensors may come with null data
   if (from == to) {
     std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(from));
     return;

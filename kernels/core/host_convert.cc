@@ -69,6 +69,7 @@ uint16_t float_to_bf16(float f) {
 }
 
 void scalar_to_float(const void* src, DType from, float* dst, int64_t n) {
+  if (n <= 0) return;  // empty tensors may come with null data (memcpy must not see it)
   const auto* s16 = static_cast<const uint16_t*>(src);
   switch (from) {
     case DType::kFloat32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
@@ -84,6 +85,7 @@ void scalar_to_float(const void* src, DType from, float* dst, int64_t n) {
 }
 
 void scalar_from_float(const float* src, void* dst, DType to, int64_t n) {
+  if (n <= 0) return;  // empty tensors may come with null data (memcpy must not see it)
   auto* d16 = static_cast<uint16_t*>(dst);
   switch (to) {
     case DType::kFloat32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;

@@ -145,12 +145,6 @@ bool retryable(ErrorCode code) { return code == ErrorCode::kDeadlineExceeded || 
 }  // namespace
 
 Result<DecodeResult> Client::decode_step(const DecodeArgs& args, const RetryOptions& retry) {
-  auto config = this->config();
-  if (!config.ok()) return config.error();
-  // k alone on a latent-attention server (V is its prefix).
-  if (args.k.empty() || (args.v.empty() && !config->latent())) {
-    return invalid_argument("k, v: expected the step's new K/V (decode_step appends), received none");
-  }
   std::chrono::milliseconds wait = retry.backoff;
   int32_t calls = 0;
   // Every call below retries on DEADLINE_EXCEEDED and UNAVAILABLE, sharing one
@@ -164,6 +158,17 @@ Result<DecodeResult> Client::decode_step(const DecodeArgs& args, const RetryOpti
       wait *= 2;
     }
   };
+  // The geometry (a GetConfig on a client's first call, which a tiny deadline
+  // can cut short like any other) with a budget of its own: `attempts` counts
+  // the step's calls.
+  auto config = with_retries([&] { return this->config(); });
+  if (!config.ok()) return config.error();
+  calls = 0;
+  wait = retry.backoff;
+  // k alone on a latent-attention server (V is its prefix).
+  if (args.k.empty() || (args.v.empty() && !config->latent())) {
+    return invalid_argument("k, v: expected the step's new K/V (decode_step appends), received none");
+  }
   // The layer's length of every sequence now.
   auto lengths_now = [&]() -> Result<std::vector<int32_t>> {
     std::vector<int32_t> lengths;

@@ -8,39 +8,13 @@
 set -euo pipefail
 server_bin="$(realpath "$1")"
 bench_bin="$(realpath "$2")"
-tmp="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ]; then kill -KILL "$server_pid" 2>/dev/null || true; fi
-  rm -rf "$tmp"
+test_name=shared_memory_bench_test
+server_log_level=error
+probe() {
+  "$bench_bin" service --server "127.0.0.1:$1" --mode unary --steps 1 --warmup 0 --no-baseline --no-inprocess
 }
-trap cleanup EXIT
-
-fail() {
-  echo "shared_memory_bench_test: FAIL: $*" >&2
-  [ -f "$tmp/server.log" ] && tail -n 20 "$tmp/server.log" >&2
-  exit 1
-}
-
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# Starts a server on a fresh port (extra flags: "$@") and waits until it answers.
-start_server() {
-  port="$(free_port)"
-  "$server_bin" --listen "127.0.0.1:$port" --metrics-address "" --log-level error "$@" >"$tmp/server.log" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 1 200); do
-    if "$bench_bin" service --server "127.0.0.1:$port" --mode unary --steps 1 --warmup 0 --no-baseline \
-      --no-inprocess >/dev/null 2>&1; then
-      return 0
-    fi
-    kill -0 "$server_pid" 2>/dev/null || fail "the server exited at start"
-    sleep 0.1
-  done
-  fail "the server did not answer within 20 s"
-}
+# shellcheck source-path=SCRIPTDIR source=../lib/server_harness.sh
+source "$(dirname "$0")/../lib/server_harness.sh"
 
 stop_server() {
   kill -TERM "$server_pid"

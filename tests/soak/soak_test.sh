@@ -9,39 +9,10 @@
 set -euo pipefail
 server_bin="$(realpath "$1")"
 bench_bin="$(realpath "$2")"
-tmp="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ]; then kill -KILL "$server_pid" 2>/dev/null || true; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-fail() {
-  echo "soak_test: FAIL: $*" >&2
-  [ -f "$tmp/server.log" ] && tail -n 20 "$tmp/server.log" >&2
-  exit 1
-}
-
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# Starts a server on a fresh port (extra flags: "$@"); waits (up to 20 s) until
-# it answers ($token: the bearer token to ask with).
-start_server() {
-  port="$(free_port)"
-  "$server_bin" --listen "127.0.0.1:$port" --metrics-address "" --log-level warn "$@" >"$tmp/server.log" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 1 200); do
-    if "$bench_bin" soak --server "127.0.0.1:$port" --token "${token:-}" --clients 1 --calls 1 >/dev/null 2>&1; then
-      return 0
-    fi
-    kill -0 "$server_pid" 2>/dev/null || fail "the server exited at start"
-    sleep 0.1
-  done
-  fail "the server did not answer within 20 s"
-}
+test_name=soak_test
+probe() { "$bench_bin" soak --server "127.0.0.1:$1" --token "${token:-}" --clients 1 --calls 1; }
+# shellcheck source-path=SCRIPTDIR source=../lib/server_harness.sh
+source "$(dirname "$0")/../lib/server_harness.sh"
 
 start_server
 "$bench_bin" soak --server "127.0.0.1:$port" --clients 16 --calls 400 --deadline-fraction 0.1 --seed 7 \

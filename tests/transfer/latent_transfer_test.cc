@@ -21,18 +21,6 @@ ServerConfig latent_config() {
   return c;
 }
 
-struct Node {
-  std::unique_ptr<PagodaServer> server;
-  std::unique_ptr<v1::DecodeAttention::Stub> stub;
-  Session session;
-
-  explicit Node(const ServerConfig& c) : server(start_server(c)), stub(make_stub(*server)) {
-    session.stub = stub.get();
-    session.g = server->config().geometry;
-  }
-  ~Node() { server->shutdown(0); }
-};
-
 class LatentTransferTest : public ::testing::Test {
  protected:
   std::vector<float> rows(size_t n) { return random_values(rng_, n * 576); }

@@ -3,13 +3,36 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "e2e_fixture.h"
 #include "pagoda/v1/decode_attention.grpc.pb.h"
 
 namespace pagoda::e2e {
+
+// One in-process server of a transfer (source or destination), its stub and a
+// Session on it; shut down when destroyed.
+struct Node {
+  std::unique_ptr<PagodaServer> server;
+  std::unique_ptr<v1::DecodeAttention::Stub> stub;
+  Session session;
+
+  explicit Node(const ServerConfig& c) : server(start_server(c)), stub(make_stub(*server)) {
+    session.stub = stub.get();
+    session.g = server->config().geometry;
+  }
+  ~Node() { server->shutdown(0); }
+  v1::GetConfigResponse config() {
+    v1::GetConfigResponse r;
+    EXPECT_TRUE(session.config(r).ok());
+    return r;
+  }
+};
 
 // Every chunk of an export (the call's status in *status).
 std::vector<v1::SequenceChunk> export_chunks(v1::DecodeAttention::Stub& stub, uint64_t id,

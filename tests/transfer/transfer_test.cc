@@ -15,23 +15,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Node {
-  std::unique_ptr<PagodaServer> server;
-  std::unique_ptr<v1::DecodeAttention::Stub> stub;
-  Session session;
-
-  explicit Node(const ServerConfig& c) : server(start_server(c)), stub(make_stub(*server)) {
-    session.stub = stub.get();
-    session.g = server->config().geometry;
-  }
-  ~Node() { server->shutdown(0); }
-  v1::GetConfigResponse config() {
-    v1::GetConfigResponse r;
-    EXPECT_TRUE(session.config(r).ok());
-    return r;
-  }
-};
-
 // Small chunks: an export of a few dozen tokens spans many.
 ServerConfig chunked(int32_t block_size) {
   ServerConfig c = small_config();

@@ -50,16 +50,21 @@ check-deploy: check-deps build
 
 # The kernel benchmark, the CPU's best SIMD target and AVX2 side by side (not
 # a test: it reports ratios): the reference shape (memory-bound), then the
-# compute-bound rows: 4 draft tokens, GQA 8, the fp8 caches, head_dim 64. Each
+# compute-bound rows: 4 draft tokens, GQA 8, the fp8 caches, head_dim 64, bf16. Each
 # row names its bound and the fraction of it reached.
-BENCH_KERNEL = $(BUILD)/client/pagoda-bench kernel --batch 8 --context 4096 --q-heads 32 \
-	  --threads 2 --target best,avx2 --no-naive --block-size 16
+BENCH_SHAPE = $(BUILD)/client/pagoda-bench kernel --batch 8 --context 4096 --q-heads 32 \
+	  --threads 2 --no-naive --block-size 16
+BENCH_KERNEL = $(BENCH_SHAPE) --target best,avx2
+# The bf16 row: best (AMX tiles where the CPU has them) against AVX-512 FMAs
+# (avx3) where there is AVX-512.
+BF16_TARGETS = $(shell grep -qw avx512bw /proc/cpuinfo && echo best,avx3,avx2 || echo best)
 bench: build
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 128 --dtype fp16 --q-len 1,4
 	$(BENCH_KERNEL) --kv-heads 4 --head-dim 128 --dtype fp16
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 128 --dtype fp8_e4m3
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 128 --dtype fp8_e5m2
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 64 --dtype fp16
+	$(BENCH_SHAPE) --kv-heads 8 --head-dim 128 --dtype bf16 --q-len 1,4 --target $(BF16_TARGETS)
 
 # The batching engine in one process, without the gRPC service.
 demo: build

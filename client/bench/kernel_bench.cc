@@ -196,9 +196,12 @@ int run(const KernelOptions& o) {
         return 2;
       }
     }
-    const std::string target_name = cpu ? cpu::simd_target_name() : "cuda";
-    // The compute roof on the same threads and target, next to the rows it bounds.
-    const double fma_peak = cpu ? cpu::measure_fma_peak(report.threads) : 0.0;
+    const bool amx = cpu && cpu::amx_serves(g.dtype);
+    const std::string target_name = cpu ? cpu::kernel_target_name(g.dtype) : "cuda";
+    // The compute roof on the same threads and unit (the tiles' on the AMX
+    // path), next to the rows it bounds.
+    const double fma_peak = !cpu ? 0.0 : amx ? cpu::measure_amx_peak(report.threads)
+                                             : cpu::measure_fma_peak(report.threads);
     for (int32_t context : o.contexts) {
       std::vector<int32_t> lengths(o.batch, context);
       double naive_s = 0;  // the naive path: one row per sequence, no window
@@ -233,6 +236,7 @@ int run(const KernelOptions& o) {
             r.window = window;
             r.mode = mode;
             r.fma_peak = fma_peak;
+            r.compute = amx ? "amx" : "fma";
             r.flops = launch_flops(g, o.batch, context, q_len, window);
             // The twins first (or the only row without --shared-prefix), then the forks.
             for (const bool forks : {false, true}) {
@@ -294,10 +298,10 @@ void add_kernel_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"deterministic", "fast"}));
   sub->add_option("--target", o->targets,
-                  "CPU SIMD targets to run, in order (comma-separated): best (all the CPU has), avx3 (AVX-512), "
-                  "avx2")
+                  "CPU SIMD targets to run, in order (comma-separated): best (all the CPU has, AMX for bf16 "
+                  "caches included), amx (the same, failing without AMX), avx3 (AVX-512 FMAs only), avx2")
       ->delimiter(',')
-      ->check(CLI::IsMember({"best", "avx3", "avx2"}));
+      ->check(CLI::IsMember({"best", "amx", "avx3", "avx2"}));
   sub->add_option("--split-tokens", o->split_tokens, "split-KV chunk length in deterministic mode");
   sub->add_option("--shared-prefix", o->shared_prefix,
                   "tokens every sequence shares with the first (a batch of forks of one parent), timed against the "

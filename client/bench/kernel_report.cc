@@ -27,7 +27,7 @@ double KernelReport::roofline_seconds(const KernelRow& r) const {
 }
 
 const char* KernelReport::bound(const KernelRow& r) const {
-  return r.fma_peak > 0 && r.flops / r.fma_peak > r.kv_bytes / r.baseline ? "fma" : "memory";
+  return r.fma_peak > 0 && r.flops / r.fma_peak > r.kv_bytes / r.baseline ? r.compute.c_str() : "memory";
 }
 
 void print_table(const KernelReport& rep) {
@@ -39,12 +39,12 @@ void print_table(const KernelReport& rep) {
              rep.batch, g.num_q_heads, g.num_kv_heads, g.group_size(), g.head_dim, g.v_dim(),
              g.latent() ? " (latent: V is K's prefix)" : "", dtype_name(g.dtype), g.block_size, flops_per_byte(g),
              kBaselineMethod);
-  fmt::print("{:>7} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9}\n",
+  fmt::print("{:>13} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9}\n",
              "target", "context", "q_len", "window", "shared", "mode", "chunk", "kernel us", "K/V GB/s", "read GB/s",
-             "of read", "FMA GF/s", "of roof", "bound", "vs naive", "vs twins");
+             "of read", "peak GF/s", "of roof", "bound", "vs naive", "vs twins");
   for (const KernelRow& r : rep.rows) {
     fmt::print(
-        "{:>7} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>6} "
+        "{:>13} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>6} "
         "{:>8.1f}x {:>8.2f}x\n",
         r.target, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens, r.kernel_s * 1e6,
         r.bandwidth() / 1e9, r.baseline / 1e9, r.bandwidth() / r.baseline, r.fma_peak / 1e9,
@@ -66,12 +66,12 @@ void print_json(const KernelReport& rep) {
     fmt::print("{}{{\"target\": \"{}\", \"context\": {}, \"q_len\": {}, \"window\": {}, \"shared_prefix\": {}, "
                "\"mode\": \"{}\", \"chunk_tokens\": {}, \"kernel_us\": {:.2f}, \"kv_bytes\": {:.0f}, \"flops\": {:.0f}, "
                "\"kv_gb_per_s\": {:.3f}, \"baseline_gb_per_s\": {:.3f}, \"fraction_of_baseline\": {:.4f}, "
-               "\"fma_peak_gflops\": {:.2f}, \"roofline_us\": {:.2f}, \"fraction_of_roofline\": {:.4f}, "
+               "\"fma_peak_gflops\": {:.2f}, \"compute_unit\": \"{}\", \"roofline_us\": {:.2f}, \"fraction_of_roofline\": {:.4f}, "
                "\"bound\": \"{}\", \"naive_us\": {:.2f}, \"speedup_over_naive\": {:.3f}, "
                "\"unshared_us\": {:.2f}, \"speedup_over_unshared\": {:.3f}}}",
                i ? ", " : "", r.target, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens,
                r.kernel_s * 1e6, r.kv_bytes, r.flops, r.bandwidth() / 1e9, r.baseline / 1e9,
-               r.bandwidth() / r.baseline, r.fma_peak / 1e9, rep.roofline_seconds(r) * 1e6,
+               r.bandwidth() / r.baseline, r.fma_peak / 1e9, r.compute, rep.roofline_seconds(r) * 1e6,
                rep.fraction_of_roofline(r), rep.bound(r), r.naive_s * 1e6,
                r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0, r.unshared_s * 1e6,
                r.unshared_s > 0 ? r.unshared_s / r.kernel_s : 0.0);

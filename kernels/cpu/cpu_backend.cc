@@ -49,7 +49,7 @@ HostBuffer aligned_buffer(size_t bytes) {
 CpuBackend::CpuBackend(const CacheGeometry& g, int32_t threads, std::vector<KvScale> scales, HostBuffer k,
                        HostBuffer v)
     : geometry_(g), threads_(threads), scales_(std::move(scales)), arena_(threads), k_(std::move(k)), v_(std::move(v)),
-      device_name_(cpu_model_name() + " (" + simd_target_name() + ", " + std::to_string(threads) + " threads)") {}
+      device_name_(cpu_model_name() + " (" + kernel_target_name(g.dtype) + ", " + std::to_string(threads) + " threads)") {}
 
 StatusOr<std::unique_ptr<BackendStream>> CpuBackend::open_stream() {
   return std::unique_ptr<BackendStream>(new CpuStream(*this));
@@ -200,6 +200,7 @@ StatusOr<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& option
   if (options.cpu_threads < 0) {
     return InvalidArgument("threads: expected >= 0 (0 = all cores), received {}", options.cpu_threads);
   }
+  if (options.cpu_target != "best") PAGODA_RETURN_IF_ERROR(cpu::select_simd_target(options.cpu_target));
   const int32_t threads = options.cpu_threads > 0
                               ? options.cpu_threads
                               : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));

@@ -20,6 +20,7 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "cpu/amx_tiles.h"
 #include "cpu/decode_cpu.h"
 #include "cpu/decode_tiles.h"
 #include "pagoda/softmax_state.h"
@@ -396,6 +397,50 @@ HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, const T* H
 
 // ---- the task ------------------------------------------------------------------
 
+// Row r = (position, head) of the task writes its state at this index.
+HWY_INLINE int64_t state_index(const PartialTask& t, int32_t r) {
+  return t.position[r / t.heads].partial + r % t.heads;
+}
+
+// Every row's state starts empty: m = -inf, l = 0, acc = 0 (dv wide).
+HWY_INLINE void reset_states(const PartialTask& t, int64_t dv) {
+  for (int32_t r = 0; r < t.positions * t.heads; ++r) {
+    const int64_t i = state_index(t, r);
+    t.m[i] = neg_inf<float>();
+    t.l[i] = 0.f;
+    std::fill(t.acc + i * dv, t.acc + (i + 1) * dv, 0.f);
+  }
+}
+
+// Each position's keys in sub-block sb, and its rows' weights in place of
+// their scores (rows kSubBlockTokens apart); the sub-block accumulator of
+// every row with a key is zeroed for P.V.
+HWY_INLINE void softmax_sub_block(const PartialTask& t, const ReadPlan& plan, int64_t sb, float* scores,
+                                  float* sub_acc, int64_t dv, SoftmaxStats<float>* stats) {
+  const int64_t base = t.chunk_begin + sb * kSubBlockTokens;
+  for (int32_t p = 0; p < t.positions; ++p) {
+    const ReadPlan::Span keys = plan.keys_of(p, sb);
+    for (int32_t h = 0; h < t.heads; ++h) {
+      const int32_t r = p * t.heads + h;
+      stats[r] = softmax_row(scores + static_cast<int64_t>(r) * kSubBlockTokens, keys.begin - base, keys.end - base,
+                             t.soft_cap);
+      if (stats[r].m != neg_inf<float>()) std::fill(sub_acc + r * dv, sub_acc + (r + 1) * dv, 0.f);
+    }
+  }
+}
+
+// The sub-block's states join the task's, sub-blocks in position order.
+HWY_INLINE void merge_sub_block(const PartialTask& t, const SoftmaxStats<float>* stats, const float* sub_acc,
+                                int64_t dv) {
+  for (int32_t r = 0; r < t.positions * t.heads; ++r) {
+    const int64_t i = state_index(t, r);
+    SoftmaxStats<float> running{t.m[i], t.l[i]};
+    merge_into(running, t.acc + i * dv, stats[r], sub_acc + r * dv, static_cast<int>(dv));
+    t.m[i] = running.m;
+    t.l[i] = running.l;
+  }
+}
+
 // The first kD elements of rows [pos, pos + n) (kStride elements apart in the
 // pool: kD, or head_dim for V as K's prefix) into `tile` ([n][kD] fp32), run by
 // run: the rows of one block are contiguous, so each run converts (or, for an
@@ -456,13 +501,7 @@ void partial_impl(const PartialTask& t) {
   const bool rows_in_lanes = g.group_size() >= kLaneRowsMinGroup;
   const int64_t rows_pad = (rows + kRowLanes - 1) / kRowLanes * kRowLanes;
 
-  // Row r = (position, head) of the task writes its state at out(r).
-  auto out = [&](int32_t r) { return t.position[r / t.heads].partial + r % t.heads; };
-  for (int32_t r = 0; r < rows; ++r) {
-    t.m[out(r)] = neg_inf<float>();
-    t.l[out(r)] = 0.f;
-    std::fill(t.acc + out(r) * kDv, t.acc + (out(r) + 1) * kDv, 0.f);
-  }
+  reset_states(t, kDv);
   const ReadPlan plan(t);
   if (plan.empty()) return;
   const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(T));
@@ -526,18 +565,7 @@ void partial_impl(const PartialTask& t) {
       prefetch.catch_up();
       pos += n;
     }
-    // Each position's keys in this sub-block, and its rows' weights.
-    for (int32_t p = 0; p < t.positions; ++p) {
-      const ReadPlan::Span keys = plan.keys_of(p, sb);
-      for (int32_t h = 0; h < t.heads; ++h) {
-        const int32_t r = p * t.heads + h;
-        stats[r] = softmax_row(scores + static_cast<int64_t>(r) * kSubBlockTokens, keys.begin - base, keys.end - base,
-                               t.soft_cap);
-        if (stats[r].m != neg_inf<float>()) {
-          std::fill(sub_acc + static_cast<int64_t>(r) * kDv, sub_acc + static_cast<int64_t>(r + 1) * kDv, 0.f);
-        }
-      }
-    }
+    softmax_sub_block(t, plan, sb, scores, sub_acc, kDv, stats);
     // Pass 2: P.V, each position over its own keys.
     for (int64_t pos = span.begin; pos < span.end;) {
       int64_t n = 0;
@@ -576,20 +604,148 @@ void partial_impl(const PartialTask& t) {
       prefetch.catch_up();
       pos += n;
     }
-    // The sub-block's states join the task's, sub-blocks in position order.
-    for (int32_t r = 0; r < rows; ++r) {
-      SoftmaxStats<float> running{t.m[out(r)], t.l[out(r)]};
-      merge_into(running, t.acc + out(r) * kDv, stats[r], sub_acc + static_cast<int64_t>(r) * kDv, kDv);
-      t.m[out(r)] = running.m;
-      t.l[out(r)] = running.l;
-    }
+    merge_sub_block(t, stats, sub_acc, kDv);
   }
 }
+
+#if HWY_TARGET == HWY_AVX3
+// A bf16 cache on AMX (amx_tiles.h): the sub-blocks, softmax and merge of
+// partial_impl, with Q.K^T and P.V as tile multiplies of bf16 inputs and fp32
+// accumulation. q is rounded to bf16 once per task (exact for a bf16 q: the
+// scale comes after the multiply), each weight once per use, as FlashAttention
+// does on tensor cores. Rows go in blocks of 16, padding rows zero. P.V visits
+// keys in groups of 32 on a grid anchored at the sub-block's start, each row's
+// weights zero outside its own keys: a row's sums run over the same groups in
+// the same order alone, among other positions or in a shared chunk.
+template <int kD, int kDv>
+void partial_amx(const PartialTask& t) {
+  using amx::kPvKeys;
+  using amx::kTileRows;
+  const CacheGeometry& g = *t.geometry;
+  const int32_t rows = t.positions * t.heads;
+  const int32_t blocks = (rows + kTileRows - 1) / kTileRows;
+  const int64_t rows_pad = static_cast<int64_t>(blocks) * kTileRows;
+  // Scratch: scores [rows_pad][kSubBlockTokens] | sub-block acc [rows_pad][kDv]
+  // | then bf16: packed q [blocks][16 * kD] | short key runs [2][16][kD] | packed
+  // V [32 * kDv] | packed P [16][32]. Each region is whole 64-byte lines.
+  float* scores = t.scratch;
+  float* sub_acc = scores + rows_pad * kSubBlockTokens;
+  auto* qb = reinterpret_cast<uint16_t*>(sub_acc + rows_pad * kDv);
+  uint16_t* kpad = qb + rows_pad * kD;
+  uint16_t* vb = kpad + 2 * kTileRows * kD;
+  uint16_t* pa = vb + kPvKeys * kDv;
+
+  reset_states(t, kDv);
+  const ReadPlan plan(t);
+  if (plan.empty()) return;
+  const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(uint16_t));
+  const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(uint16_t));
+  constexpr int64_t kLinesPerRow = kD * static_cast<int64_t>(sizeof(uint16_t)) / 64;
+  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * kLinesPerRow);
+  for (int32_t b = 0; b < blocks; ++b) {
+    const float* q[kTileRows];
+    for (int32_t i = 0; i < kTileRows; ++i) {
+      const int32_t r = b * kTileRows + i;
+      q[i] = r < rows ? t.position[r / t.heads].q + static_cast<int64_t>(r % t.heads) * kD : nullptr;
+    }
+    amx::pack_q(q, kD, qb + static_cast<int64_t>(b) * kTileRows * kD);
+  }
+  // Every accumulator row is multiplied, padding and keyless rows included:
+  // they start finite and gain zeros.
+  std::fill(sub_acc, sub_acc + rows_pad * kDv, 0.f);
+
+  const amx::TileScope tiles;
+  SoftmaxStats<float> stats[kMaxTaskRows];
+  const uint16_t* v_rows[kPvKeys];
+  const float* p_rows[kTileRows];
+  int32_t p_begin[kTileRows];
+  int32_t p_end[kTileRows];
+  for (int64_t sb = plan.first_sub_block(); sb < plan.end_sub_block(); ++sb) {
+    const int64_t base = t.chunk_begin + sb * kSubBlockTokens;  // scores index = position - base
+    const ReadPlan::Span span = plan.sub_block(sb);
+
+    // Pass 1: two groups of 16 keys at a time, each read in place where its
+    // run has 16, else copied beside zero rows (the second group only after a
+    // whole first one: its scores land 16 positions on).
+    for (int64_t pos = span.begin; pos < span.end;) {
+      amx::KeyRows groups[2];
+      int32_t count = 0;
+      int64_t at = pos;
+      while (count < 2 && at < span.end && (count == 0 || groups[0].n == kTileRows)) {
+        int64_t n = 0;
+        const auto* k = reinterpret_cast<const uint16_t*>(k_src.run(at, span.end, &n));
+        n = std::min<int64_t>(n, kTileRows);
+        if (n < kTileRows) {
+          uint16_t* pad = kpad + count * kTileRows * kD;
+          std::memcpy(pad, k, static_cast<size_t>(n * kD) * sizeof(uint16_t));
+          std::fill(pad + n * kD, pad + kTileRows * kD, uint16_t{0});
+          k = pad;
+        }
+        groups[count++] = {k, kD * static_cast<int64_t>(sizeof(uint16_t)), static_cast<int32_t>(n)};
+        at += n;
+      }
+      // The first block requests this stretch's worth of lines as it goes.
+      prefetch.consumed((at - pos) * kLinesPerRow);
+      for (int32_t b = 0; b < blocks; ++b) {
+        const amx::Requests requests{&prefetch, b == 0 ? (at - pos) * kLinesPerRow : 0};
+        amx::scores(qb + static_cast<int64_t>(b) * kTileRows * kD, kD, groups, count,
+                    std::min(kTileRows, rows - b * kTileRows), t.score_scale,
+                    scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens + (pos - base), kSubBlockTokens,
+                    requests);
+      }
+      prefetch.catch_up();
+      pos = at;
+    }
+    softmax_sub_block(t, plan, sb, scores, sub_acc, kDv, stats);
+
+    // Pass 2: P.V, 32 keys at a time, V interleaved once for every row block.
+    for (int64_t g0 = (span.begin - base) / kPvKeys * kPvKeys; base + g0 < span.end; g0 += kPvKeys) {
+      const int64_t lo = std::max(span.begin, base + g0);
+      const int64_t hi = std::min(span.end, base + g0 + kPvKeys);
+      std::fill(v_rows, v_rows + kPvKeys, nullptr);
+      for (int64_t pos = lo; pos < hi;) {
+        int64_t n = 0;
+        const auto* v = reinterpret_cast<const uint16_t*>(v_src.run(pos, hi, &n));
+        for (int64_t j = 0; j < n; ++j) v_rows[pos - base - g0 + j] = v + j * kD;
+        pos += n;
+      }
+      prefetch.consumed((hi - lo) * kLinesPerRow);
+      amx::pack_v(v_rows, kDv, vb, {&prefetch, (hi - lo) * kLinesPerRow});
+      for (int32_t b = 0; b < blocks; ++b) {
+        const int32_t live = std::min(kTileRows, rows - b * kTileRows);
+        bool any = false;
+        for (int32_t i = 0; i < live; ++i) {
+          const int32_t r = b * kTileRows + i;
+          const ReadPlan::Span keys = plan.keys_of(r / t.heads, sb);
+          const bool has_keys = stats[r].m != neg_inf<float>();
+          p_begin[i] = has_keys ? static_cast<int32_t>(std::clamp<int64_t>(keys.begin - base - g0, 0, kPvKeys)) : 0;
+          p_end[i] = has_keys ? static_cast<int32_t>(std::clamp<int64_t>(keys.end - base - g0, 0, kPvKeys)) : 0;
+          p_rows[i] = scores + static_cast<int64_t>(r) * kSubBlockTokens + g0;
+          any = any || p_begin[i] < p_end[i];
+        }
+        if (!any) continue;  // all weights zero: the sums would not change
+        amx::pack_p(p_rows, p_begin, p_end, live, pa);
+        amx::accumulate(pa, vb, kDv, sub_acc + static_cast<int64_t>(b) * kTileRows * kDv, kDv);
+      }
+      prefetch.catch_up();
+    }
+    merge_sub_block(t, stats, sub_acc, kDv);
+  }
+}
+#endif
 
 // V's width is the one vocabulary.h pairs with kD.
 template <int kD>
 void partial_for_dtype(const PartialTask& t) {
   constexpr int kDv = v_head_dim_for(kD);
+  if (t.amx) {
+    // Set only where the dispatched target is AVX3 (uses_amx).
+#if HWY_TARGET == HWY_AVX3
+    return partial_amx<kD, kDv>(t);
+#else
+    HWY_ABORT("the AMX path reached target %s", hwy::TargetName(HWY_TARGET));
+#endif
+  }
   switch (t.geometry->dtype) {
     case DType::kFloat32: return partial_impl<float, kD, kDv>(t);
     case DType::kFloat16: return partial_impl<hwy::float16_t, kD, kDv>(t);

@@ -69,6 +69,11 @@ struct PartialTask {
   // 0: q is scaled by scale * log2(e) and scores are used as they are.
   // c > 0: q is scaled by scale, and each score s becomes c * tanh(s / c) * log2(e).
   float soft_cap = 0.f;
+  // The bf16 cache's matrix-unit path (uses_amx): q is then as given (not
+  // scaled) and each score is multiplied by score_scale after the bf16
+  // multiply, so a q that is bf16 on the wire reaches the tiles exactly.
+  bool amx = false;
+  float score_scale = 1.f;
 
   // Out, row (p, h) at index position[p].partial + h:
   float* m = nullptr;                 // running max, base 2 (-inf: no key)
@@ -90,15 +95,22 @@ inline constexpr int32_t kMaxTaskRows = 128;
 // smaller: more, smaller tasks keep the threads busy.
 inline constexpr int32_t kTaskRowsTarget = 64;
 
-// Floats of scratch one task of `rows` rows needs: scores, sub-block
-// accumulators, a converted tile, and q transposed (rows rounded up to 16
-// lanes); head_dim bounds V's width.
+// Floats of scratch one task of `rows` rows needs: scores and sub-block
+// accumulators (rows rounded up to 16: whole tiles on the matrix path), a
+// converted tile, and q transposed or packed (rows rounded up to 16 lanes),
+// each region starting on a 64-byte line; head_dim bounds V's width.
 inline int64_t partial_scratch_floats(int32_t rows, int32_t head_dim) {
   constexpr int64_t kTileTokens = 32;
   const int64_t rows_pad = (rows + 15) / 16 * 16;
-  return rows * kSubBlockTokens + rows * static_cast<int64_t>(head_dim) + kTileTokens * head_dim +
-         rows_pad * head_dim + 64;
+  return rows_pad * kSubBlockTokens + rows_pad * static_cast<int64_t>(head_dim) + kTileTokens * head_dim +
+         rows_pad * head_dim + 256;
 }
+
+// Whether decodes of geometry g take the matrix-unit path: a bf16 cache on a
+// CPU with AMX-BF16 while the selected target allows it (select_simd_target).
+// A property of the geometry and the process, never of a batch: every decode
+// of a server takes the same path.
+bool uses_amx(const CacheGeometry& g);
 
 void compute_partial(const PartialTask& task);
 

@@ -3,26 +3,47 @@
 #include <hwy/targets.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <thread>
 #include <vector>
 
+#include "cpu/amx_tiles.h"
 #include "cpu/decode_cpu.h"
 
 namespace pagoda::cpu {
 
 double fma_peak_one_thread();  // decode_cpu.cc, per target
 
+namespace {
+// Whether bf16 caches may take the AMX path: "best" and "amx" allow it (the
+// first where the CPU has it), "avx3" and "avx2" do not.
+std::atomic<bool> g_amx_allowed{true};
+
+bool amx_on() { return g_amx_allowed.load(std::memory_order_relaxed) && amx::available(); }
+}  // namespace
+
 Status select_simd_target(const std::string& target) {
   // Targets better than AVX2 on x86 (AVX3_DL is not compiled in, see decode_cpu.cc).
   const int64_t above_avx2 = HWY_AVX3 | HWY_AVX3_DL;
   hwy::SetSupportedTargetsForTest(0);  // back to what the CPU has
+  g_amx_allowed = true;
   const int64_t supported = hwy::SupportedTargets();
   if (target == "best") return Status::Ok();
+  if (target == "amx") {
+    if (!amx::available()) {
+      return Status(StatusCode::kFailedPrecondition,
+                    "target: expected a CPU with AMX-BF16, AMX-TILE and AVX512-BF16 whose kernel grants the tile "
+                    "data for 'amx', this CPU or kernel has none");
+    }
+    return Status::Ok();
+  }
   if (target == "avx3") {
     if ((supported & HWY_AVX3) == 0) {
       return Status(StatusCode::kFailedPrecondition,
                     "target: expected a CPU with AVX-512 (F, VL, DQ, BW) for 'avx3', this CPU has none");
     }
+    g_amx_allowed = false;
     return Status::Ok();
   }
   if (target == "avx2") {
@@ -30,9 +51,42 @@ Status select_simd_target(const std::string& target) {
       return Status(StatusCode::kFailedPrecondition, "target: expected a CPU with AVX2 for 'avx2', this CPU has none");
     }
     hwy::SetSupportedTargetsForTest(supported & ~above_avx2);
+    g_amx_allowed = false;
     return Status::Ok();
   }
-  return InvalidArgument("target: expected best, avx3 or avx2, received '{}'", target);
+  return InvalidArgument("target: expected best, amx, avx3 or avx2, received '{}'", target);
+}
+
+// The AMX kernel is an AVX3 function of decode_cpu.cc: the dispatched target
+// must be that one.
+bool amx_serves(DType cache) {
+  return cache == DType::kBFloat16 && amx_on() && std::strcmp(simd_target_name(), "AVX3") == 0;
+}
+
+bool uses_amx(const CacheGeometry& g) { return amx_serves(g.dtype); }
+
+std::string kernel_target_name(DType cache) {
+  return amx_serves(cache) ? std::string(simd_target_name()) + "+AMX-BF16" : std::string(simd_target_name());
+}
+
+bool amx_available() { return amx::available(); }
+
+double measure_amx_peak(int32_t threads) {
+  if (!amx::available()) return 0;
+  threads = std::max(1, threads);
+  std::vector<double> rates(static_cast<size_t>(threads));
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<std::thread> pool;
+    for (int32_t i = 0; i < threads; ++i) {
+      pool.emplace_back([&rates, i] { rates[static_cast<size_t>(i)] = amx::peak_one_thread(); });
+    }
+    for (auto& t : pool) t.join();
+    double total = 0;
+    for (double r : rates) total += r;
+    best = std::max(best, total);
+  }
+  return best;
 }
 
 double measure_fma_peak(int32_t threads) {

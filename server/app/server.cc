@@ -102,6 +102,7 @@ Status PagodaServer::open_backend_and_metrics() {
   options.kind = raw.backend;
   options.geometry = config_.geometry;
   options.cpu_threads = raw.threads;
+  options.cpu_target = raw.cpu_target;
   options.max_batch = raw.max_batch;
   options.kv_scales = config_.kv_scales;
   StatusOr<std::unique_ptr<Backend>> backend = make_backend(options);

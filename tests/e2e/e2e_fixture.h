@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pagoda/v1/decode_attention.grpc.pb.h"
+#include "reference/decode_table.h"
 #include "reference/naive_attention.h"
 #include "app/server.h"
 

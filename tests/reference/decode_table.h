@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
 #include <ostream>
 #include <string>
@@ -64,6 +65,46 @@ inline Bounds bounds_for(DType out) {
 inline Bounds between_backends(DType out) {
   const Bounds b = bounds_for(out);
   return {2 * b.max_abs, 4 * b.nmse};
+}
+
+// How a backend multiplies: fp32 FMAs throughout, or bf16 tiles (the CPU's
+// AMX path for bf16 caches): q rounded to bf16 once, each softmax weight p
+// rounded to bf16 before P.V, products exact (bf16 x bf16 fits fp32's 24-bit
+// significand), sums in fp32.
+enum class Arithmetic { kFp32, kBf16Tiles };
+
+// The bf16 tiles' extra error, per row, against a reference given q as the
+// tiles read it (rounded to bf16: the rounding of an input, as K's and V's to
+// the cache dtype are). With d = head_dim, A = max over the row's keys of
+// scale * sum_i |q_i k_i| (natural units) and Vmax = max |v| over them:
+//  - a score is d exact products summed in fp32, then scaled: by the classic
+//    dot-product bound it moves by at most D = gamma(d + 1) A, gamma(n) =
+//    n u / (1 - n u), u = 2^-24. A soft cap c tanh(s / c) is 1-Lipschitz:
+//    D bounds the capped score too.
+//  - each weight w_j = e^s_j / sum e^s then moves by a factor within
+//    [e^-2D, e^2D], so o = sum w_j v_j moves by at most (e^2D - 1) Vmax and
+//    LSE = log sum e^s by at most D.
+//  - P.V reads each p_j rounded to nearest bf16 (relative 2^-9: 8 significand
+//    bits) while the denominator l sums the unrounded p_j: each term of
+//    sum p_j v_j / l moves by at most 2^-9 of its size, 2^-9 Vmax in all
+//    (weights under 2^-126 flush to zero: at most n 2^-126, below fp32's
+//    resolution of o).
+// They add to the fp32 allowance and the output rounding of bounds_for.
+// q as the tiles read it: rounded to nearest even bf16 (bf16 is fp32's top 16 bits).
+inline float round_to_bf16(float x) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if ((bits & 0x7F800000u) != 0x7F800000u) bits += 0x7FFFu + ((bits >> 16) & 1u);  // finite: round
+  bits &= 0xFFFF0000u;
+  std::memcpy(&x, &bits, sizeof(bits));
+  return x;
+}
+inline double tile_score_error(const ReferenceResult& want, size_t row) {
+  const double nu = (want.head_dim + 1) * 0x1p-24;
+  return nu / (1 - nu) * want.score_abs[row];
+}
+inline double tile_output_error(const ReferenceResult& want, size_t row) {
+  return (std::expm1(2 * tile_score_error(want, row)) + 0x1p-9) * want.value_abs[row];
 }
 
 struct DecodeCase {
@@ -137,19 +178,32 @@ inline std::vector<DecodeCase> decode_table() {
 }
 
 // Output within the error bounds of q's dtype and free of NaN; LSE within 1e-4
-// (relative beyond 1), -inf exactly where the reference has no keys.
+// (relative beyond 1), -inf exactly where the reference has no keys. Bf16
+// tiles: each element within its row's bound plus tile_output_error, LSE
+// within tile_score_error more.
 inline void expect_matches_reference(const std::vector<float>& out, const std::vector<float>& lse,
-                                     const ReferenceResult& want, DType q_dtype) {
+                                     const ReferenceResult& want, DType q_dtype,
+                                     Arithmetic arithmetic = Arithmetic::kFp32) {
   const Bounds bound = bounds_for(q_dtype);
   const ErrorStats e = compare(want.out, out);
+  const bool tiles = arithmetic == Arithmetic::kBf16Tiles;
   EXPECT_FALSE(e.has_nan);
-  EXPECT_LE(e.max_abs, bound.max_abs);
-  EXPECT_LE(e.nmse, bound.nmse);
+  if (tiles) {
+    const size_t width = want.out.size() / std::max<size_t>(1, want.lse.size());
+    for (size_t i = 0; i < want.out.size() && i < out.size(); ++i) {
+      const double allowed = bound.max_abs + tile_output_error(want, i / width);
+      ASSERT_LE(std::abs(out[i] - want.out[i]), allowed) << "element " << i << " of row " << i / width;
+    }
+  } else {
+    EXPECT_LE(e.max_abs, bound.max_abs);
+    EXPECT_LE(e.nmse, bound.nmse);
+  }
   for (size_t i = 0; i < want.lse.size(); ++i) {
     if (std::isinf(want.lse[i])) {
       EXPECT_EQ(lse[i], -INFINITY) << "row " << i;
     } else {
-      EXPECT_NEAR(lse[i], want.lse[i], 1e-4 * std::max(1.0, std::abs(want.lse[i]))) << "row " << i;
+      const double extra = tiles ? tile_score_error(want, i) : 0.0;
+      EXPECT_NEAR(lse[i], want.lse[i], 1e-4 * std::max(1.0, std::abs(want.lse[i])) + extra) << "row " << i;
     }
   }
 }
@@ -159,8 +213,9 @@ inline void expect_matches_reference(const std::vector<float>& out, const std::v
 // chunk counts from the launch's chunk length, and zero output for length 0.
 // Decoded: any type with out, lse (fp32 vectors), splits and chunk_tokens.
 template <typename Decoded>
-void expect_table_decode(const CacheGeometry& g, const Decoded& got, const ReferenceResult& want, DType q_dtype) {
-  expect_matches_reference(got.out, got.lse, want, q_dtype);
+void expect_table_decode(const CacheGeometry& g, const Decoded& got, const ReferenceResult& want, DType q_dtype,
+                         Arithmetic arithmetic = Arithmetic::kFp32) {
+  expect_matches_reference(got.out, got.lse, want, q_dtype, arithmetic);
   const int32_t row = g.num_q_heads * g.v_dim();
   for (size_t b = 0; b < std::size(kTableLengths); ++b) {
     EXPECT_EQ(got.splits[b], (kTableLengths[b] + got.chunk_tokens - 1) / got.chunk_tokens) << "sequence " << b;

@@ -20,6 +20,9 @@ ReferenceResult naive_decode(const CacheGeometry& g, const std::vector<double>& 
   ReferenceResult r;
   r.out.assign(static_cast<size_t>(total_rows) * g.num_q_heads * dv, 0.0);
   r.lse.assign(static_cast<size_t>(total_rows) * g.num_q_heads, -std::numeric_limits<double>::infinity());
+  r.score_abs.assign(r.lse.size(), 0.0);
+  r.value_abs.assign(r.lse.size(), 0.0);
+  r.head_dim = d;
   for (int32_t b = 0; b < tables.batch; ++b) {
     const int64_t len = tables.lengths[b];
     const int32_t first_row = variant.q_indptr ? variant.q_indptr[b] : b;
@@ -40,8 +43,16 @@ ReferenceResult naive_decode(const CacheGeometry& g, const std::vector<double>& 
           const int32_t block = tables.block_ids[tables.block_indptr[b] + t / g.block_size];
           offsets.push_back(g.element_offset(layer, block, kvh, static_cast<int32_t>(t % g.block_size)));
           double s = 0;
-          for (int32_t e = 0; e < d; ++e) s += qrow[e] * k_pool[offsets.back() + e];
+          double s_abs = 0;
+          for (int32_t e = 0; e < d; ++e) {
+            s += qrow[e] * k_pool[offsets.back() + e];
+            s_abs += std::abs(qrow[e] * k_pool[offsets.back() + e]);
+          }
           s *= scale;
+          double& row_abs = r.score_abs[static_cast<size_t>(row) * g.num_q_heads + h];
+          row_abs = std::max(row_abs, s_abs * scale);
+          double& v_abs = r.value_abs[static_cast<size_t>(row) * g.num_q_heads + h];
+          for (int32_t e = 0; e < dv; ++e) v_abs = std::max(v_abs, std::abs(values[offsets.back() + e]));
           if (variant.soft_cap > 0) s = variant.soft_cap * std::tanh(s / variant.soft_cap);
           scores.push_back(s);
         }

@@ -13,6 +13,10 @@ namespace pagoda::testing {
 struct ReferenceResult {
   std::vector<double> out;  // [rows, num_q_heads, v_head_dim]
   std::vector<double> lse;  // [rows, num_q_heads], natural log; -inf for no keys and no sink
+  // What error bounds scale with, per [rows, num_q_heads] (0 for no keys):
+  std::vector<double> score_abs;  // max over the row's keys of scale * sum_i |q_i k_i|
+  std::vector<double> value_abs;  // max |v| over the row's keys' V elements
+  int32_t head_dim = 0;
 };
 
 // The attention variants of docs/design.md §9, spelled out here independently.

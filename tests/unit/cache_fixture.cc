@@ -10,6 +10,7 @@
 #include <tuple>
 #include <utility>
 
+#include "pagoda/cpu_targets.h"
 #include "pagoda/fp8.h"
 #include "pagoda/host_convert.h"
 
@@ -24,6 +25,18 @@ float round_to(float x, DType dtype) {
     case DType::kFloat8E5M2: return fp8_to_float(float_to_fp8(x, dtype).code, dtype);
   }
   return x;
+}
+
+Arithmetic arithmetic_of(const std::string& backend, DType cache) {
+  return backend == "cpu" && cpu::amx_serves(cache) ? Arithmetic::kBf16Tiles : Arithmetic::kFp32;
+}
+
+CacheFixture::Queries as_multiplied(const CacheFixture::Queries& q, Arithmetic arithmetic) {
+  CacheFixture::Queries out = q;
+  if (arithmetic == Arithmetic::kBf16Tiles) {
+    for (float& x : out.values) x = round_to(x, DType::kBFloat16);
+  }
+  return out;
 }
 
 namespace {

@@ -15,6 +15,7 @@
 
 #include "cache/cache_manager.h"
 #include "pagoda/backend.h"
+#include "reference/decode_table.h"
 #include "reference/naive_attention.h"
 
 namespace pagoda::testing {
@@ -143,6 +144,14 @@ CacheGeometry bookkeeping_geometry(int32_t blocks);
 
 // Rounds an fp32 value to `dtype` and back.
 float round_to(float x, DType dtype);
+
+// The arithmetic `backend` ("cpu" or "cuda") decodes a `cache` dtype with:
+// bf16 tiles where the CPU's AMX path serves it, fp32 otherwise.
+Arithmetic arithmetic_of(const std::string& backend, DType cache);
+
+// q as that arithmetic multiplies it, for the reference: rounded to bf16 for
+// the tiles (the bytes sent stay q's own).
+CacheFixture::Queries as_multiplied(const CacheFixture::Queries& q, Arithmetic arithmetic);
 
 // Rows `rows` of `q` ([rows, row_elems] each), in that order.
 CacheFixture::Queries select_rows(const CacheFixture::Queries& q, const std::vector<int32_t>& rows,

@@ -115,8 +115,9 @@ TEST_P(SharedPrefix, ForksReadSharedChunksOnceWithTheBitsOfUnsharedTwinsAndOfEac
   }
 
   // And against the reference (the mirror of what each fork holds).
-  const ReferenceResult ref = f.reference(0, forks, q, scale, variant);
-  expect_matches_reference(shared.out, shared.lse, ref, DType::kFloat32);
+  const Arithmetic arithmetic = arithmetic_of("cpu", c.cache);
+  const ReferenceResult ref = f.reference(0, forks, as_multiplied(q, arithmetic), scale, variant);
+  expect_matches_reference(shared.out, shared.lse, ref, DType::kFloat32, arithmetic);
 }
 
 DecodeVariant with_rows(int32_t n) {

@@ -137,6 +137,9 @@ struct BackendOptions {
   std::string kind = "auto";  // auto, cpu, cuda
   CacheGeometry geometry;
   int32_t cpu_threads = 0;    // 0 = all cores
+  // CPU kernel target (pagoda/cpu_targets.h): best, amx, avx3 or avx2. Other
+  // than best it is selected for the whole process.
+  std::string cpu_target = "best";
   int32_t cuda_device = 0;
   int32_t max_batch = 256;    // sizes each stream's device workspaces
   std::vector<KvScale> kv_scales;  // [num_layers], or empty: 1.0 everywhere

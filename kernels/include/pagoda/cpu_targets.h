@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "pagoda/dtype.h"
 #include "pagoda/status.h"
 
 namespace pagoda::cpu {
@@ -12,10 +13,28 @@ namespace pagoda::cpu {
 // Name of the SIMD target the dispatcher runs (for logs and benches), e.g. "AVX3", "AVX2".
 const char* simd_target_name();
 
-// Restricts dispatch to `target`: "best" (every target this CPU has), "avx3"
-// (AVX-512) or "avx2". FAILED_PRECONDITION when the CPU lacks it. Affects the
-// whole process; call before any decode runs (benches and tests).
+// Restricts dispatch to `target`: "best" (every target this CPU has, AMX for
+// bf16 caches included), "amx" (the same, failing where there is no AMX),
+// "avx3" (AVX-512, bf16 caches in fp32 FMAs) or "avx2". FAILED_PRECONDITION
+// when the CPU lacks it. Affects the whole process; call before any decode
+// runs (benches, tests, server start-up).
 Status select_simd_target(const std::string& target);
+
+// What decodes of a `cache` dtype run on: the SIMD target, "+AMX-BF16" added
+// for bf16 caches where the matrix units serve them, e.g. "AVX3+AMX-BF16".
+std::string kernel_target_name(DType cache);
+
+// Whether decodes of a `cache` dtype take the AMX path (bf16 tiles): a bf16
+// cache on a CPU with AMX-BF16 while the selected target allows it. A
+// property of the dtype and the process, never of a batch.
+bool amx_serves(DType cache);
+
+// Whether this CPU and its kernel offer AMX-BF16 (whatever the selection).
+bool amx_available();
+
+// TDPBF16PS throughput of `threads` threads, FLOP/s (2 per multiply-add); 0
+// without AMX. The compute roof of the bf16 rows on the AMX path.
+double measure_amx_peak(int32_t threads);
 
 // Fused multiply-add throughput of `threads` threads on the dispatched target,
 // FLOP/s (2 per lane per FMA), from a register-resident loop: the compute roof

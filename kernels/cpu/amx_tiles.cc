@@ -1,0 +1,305 @@
+// AMX tile multiplies of the CPU kernel's bf16 path (amx_tiles.h). Every
+// function that touches tiles or AVX-512 BF16 carries the target attribute:
+// the rest of the binary stays runnable on CPUs without them, and callers ask
+// available() first.
+#include "cpu/amx_tiles.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "cpu/decode_tiles.h"
+
+// GCC 12's AVX-512 intrinsics start their results from _mm512_undefined_*(),
+// which -Wuninitialized reports once inlined (GCC bug 105593, fixed in 13).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#define PAGODA_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+namespace pagoda::cpu::amx {
+namespace {
+
+// Linux's names (asm/prctl.h, uapi): the permission request for dynamically
+// enabled XSAVE features, and the tile data's feature number.
+constexpr int kArchGetXcompSupp = 0x1021;
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+
+bool cpu_has_amx_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+  const bool tile = (d & (1u << 24)) != 0;
+  const bool tile_bf16 = (d & (1u << 22)) != 0;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
+  const bool avx512_bf16 = (a & (1u << 5)) != 0;
+  return tile && tile_bf16 && avx512_bf16 && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+}
+
+// The kernel must offer the tile data and grant it to the process; a kernel
+// before 5.16, or a VM that hides it, says no here and the fp32 path runs.
+bool os_grants_tile_data() {
+  uint64_t features = 0;
+  if (syscall(SYS_arch_prctl, kArchGetXcompSupp, &features) != 0) return false;
+  if ((features & (uint64_t{1} << kXfeatureXtiledata)) == 0) return false;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+// Palette 1: every tile register 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+TileConfig make_config() {
+  TileConfig c;
+  for (int i = 0; i < 8; ++i) {
+    c.colsb[i] = 64;
+    c.rows[i] = kTileRows;
+  }
+  return c;
+}
+const TileConfig kConfig = make_config();
+
+// Tiles: scores accumulate in 0 and 3, A in 1 and 4, B in 2; P.V accumulates
+// in 0, 3, 5 and 6, A in 1, B in 2, 4 and 7 (peak_one_thread: 0..3
+// accumulators, 4 and 5 operands).
+constexpr int kValuesPerTile = kTileRows * 32;  // bf16 values: 16 rows of 64 bytes
+constexpr int kMaxPairs = 576 / 2;               // the widest head of the vocabulary, in pairs
+
+// rows[0..16) (16 floats each) transposed in registers: out[c][r] = in[r][c].
+PAGODA_AMX_TARGET inline void transpose16(const float* in, __m512 out[16]) {
+  __m512 a[16];
+  __m512 b[16];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 r0 = _mm512_load_ps(in + 32 * i);
+    const __m512 r1 = _mm512_load_ps(in + 32 * i + 16);
+    a[2 * i] = _mm512_unpacklo_ps(r0, r1);
+    a[2 * i + 1] = _mm512_unpackhi_ps(r0, r1);
+  }
+  // b[4i + c], 128-bit lane L: column 4L + c of rows 4i .. 4i + 3.
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x0 = _mm512_castps_pd(a[4 * i]);
+    const __m512d x1 = _mm512_castps_pd(a[4 * i + 1]);
+    const __m512d x2 = _mm512_castps_pd(a[4 * i + 2]);
+    const __m512d x3 = _mm512_castps_pd(a[4 * i + 3]);
+    b[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x2));
+    b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x2));
+    b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(x1, x3));
+    b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(x1, x3));
+  }
+  // Column 4L + c gathers lane L of b[c], b[4 + c], b[8 + c], b[12 + c].
+  for (int c = 0; c < 4; ++c) {
+    const __m512 e0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x88);
+    const __m512 e1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xDD);
+    const __m512 f0 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88);
+    const __m512 f1 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xDD);
+    out[c] = _mm512_shuffle_f32x4(e0, f0, 0x88);
+    out[8 + c] = _mm512_shuffle_f32x4(e0, f0, 0xDD);
+    out[4 + c] = _mm512_shuffle_f32x4(e1, f1, 0x88);
+    out[12 + c] = _mm512_shuffle_f32x4(e1, f1, 0xDD);
+  }
+}
+
+// Issues `requests` in `steps` near-equal parts, one per tick().
+class Spread {
+ public:
+  Spread(Requests r, int64_t steps) : r_(r), per_(r.prefetch ? (r.lines + steps - 1) / steps : 0) {}
+  void tick() {
+    if (per_ == 0 || r_.lines <= 0) return;
+    const int64_t n = std::min(per_, r_.lines);
+    r_.prefetch->step(n);
+    r_.lines -= n;
+  }
+
+ private:
+  Requests r_;
+  int64_t per_;
+};
+
+}  // namespace
+
+bool available() {
+  static const bool yes = cpu_has_amx_bf16() && os_grants_tile_data();
+  return yes;
+}
+
+namespace {
+PAGODA_AMX_TARGET void load_config() { _tile_loadconfig(&kConfig); }
+PAGODA_AMX_TARGET void release_tiles() { _tile_release(); }
+}  // namespace
+
+TileScope::TileScope() { load_config(); }
+TileScope::~TileScope() { release_tiles(); }
+
+PAGODA_AMX_TARGET void pack_q(const float* const* q, int32_t d, uint16_t* qb) {
+  // Row r's q as bf16 pairs (one 32-bit word per pair), then word k of every
+  // row side by side: tile c, row k holds pair 16c + k of rows 0..15.
+  alignas(64) uint32_t pairs[kTileRows][kMaxPairs];
+  for (int r = 0; r < kTileRows; ++r) {
+    for (int32_t e = 0; e < d; e += 32) {
+      const __m512bh bf = q[r] ? _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q[r] + e + 16), _mm512_loadu_ps(q[r] + e))
+                               : reinterpret_cast<__m512bh>(_mm512_setzero_si512());
+      std::memcpy(&pairs[r][e / 2], &bf, sizeof(bf));
+    }
+  }
+  auto* words = reinterpret_cast<uint32_t*>(qb);
+  for (int32_t k = 0; k < d / 2; ++k) {
+    for (int r = 0; r < kTileRows; ++r) words[k * kTileRows + r] = pairs[r][k];
+  }
+}
+
+PAGODA_AMX_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows,
+                              float scale, float* out, int64_t out_stride, Requests requests) {
+  Spread spread(requests, d / 32 + groups);
+  // Two groups of 16 keys go as two independent accumulators (tiles 0 and 3):
+  // each one's chain over d then waits on the multiply's latency half as often.
+  alignas(64) float st[2][kTileRows * kTileRows];  // [group][key][row]
+  _tile_zero(0);
+  _tile_zero(3);
+  const auto* k0 = reinterpret_cast<const char*>(keys[0].k);
+  const auto* k1 = groups > 1 ? reinterpret_cast<const char*>(keys[1].k) : k0;
+  for (int32_t c = 0; c < d / 32; ++c) {
+    _tile_loadd(2, qb + static_cast<int64_t>(c) * kValuesPerTile, 64);
+    _tile_loadd(1, k0 + 64 * c, keys[0].stride);
+    _tile_dpbf16ps(0, 1, 2);
+    if (groups > 1) {
+      _tile_loadd(4, k1 + 64 * c, keys[1].stride);
+      _tile_dpbf16ps(3, 4, 2);
+    }
+    spread.tick();
+  }
+  _tile_stored(0, st[0], 64);
+  if (groups > 1) _tile_stored(3, st[1], 64);
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (int32_t gi = 0; gi < groups; ++gi) {
+    __m512 s[kTileRows];
+    transpose16(st[gi], s);
+    const __mmask16 live = static_cast<__mmask16>((1u << keys[gi].n) - 1);
+    float* o = out + gi * kTileRows;
+    for (int32_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(o + r * out_stride, live, _mm512_mul_ps(s[r], vs));
+    spread.tick();
+  }
+}
+
+PAGODA_AMX_TARGET void pack_v(const uint16_t* const* v, int32_t dv, uint16_t* vb, Requests requests) {
+  Spread spread(requests, kPvKeys / 2);
+  // 64-bit lanes of (unpacklo, unpackhi) that hold elements 0..15 and 16..31 of a
+  // 32-element stretch, in order, as pairs.
+  const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+  const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  for (int k = 0; k < kPvKeys / 2; ++k) {
+    const uint16_t* v0 = v[2 * k];
+    const uint16_t* v1 = v[2 * k + 1];
+    for (int32_t c = 0; c < dv / 32; ++c) {
+      const __m512i x0 = v0 ? _mm512_loadu_si512(v0 + 32 * c) : _mm512_setzero_si512();
+      const __m512i x1 = v1 ? _mm512_loadu_si512(v1 + 32 * c) : _mm512_setzero_si512();
+      const __m512i lo = _mm512_unpacklo_epi16(x0, x1);
+      const __m512i hi = _mm512_unpackhi_epi16(x0, x1);
+      uint16_t* t0 = vb + static_cast<int64_t>(2 * c) * kValuesPerTile + k * 32;
+      _mm512_storeu_si512(t0, _mm512_permutex2var_epi64(lo, first, hi));
+      _mm512_storeu_si512(t0 + kValuesPerTile, _mm512_permutex2var_epi64(lo, second, hi));
+    }
+    spread.tick();
+  }
+}
+
+PAGODA_AMX_TARGET void pack_p(const float* const* p, const int32_t* begin, const int32_t* end, int32_t rows,
+                              uint16_t* pa) {
+  for (int32_t r = 0; r < kTileRows; ++r) {
+    uint16_t* row = pa + r * kPvKeys;
+    if (r >= rows || begin[r] >= end[r]) {
+      _mm512_storeu_si512(row, _mm512_setzero_si512());
+      continue;
+    }
+    const uint32_t below_end = end[r] >= 32 ? ~0u : (1u << end[r]) - 1;
+    const uint32_t live = below_end & ~((1u << begin[r]) - 1);
+    const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>(live), p[r]);
+    const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>(live >> 16), p[r] + 16);
+    const __m512bh bf = _mm512_cvtne2ps_pbh(hi, lo);
+    std::memcpy(row, &bf, sizeof(bf));
+  }
+}
+
+PAGODA_AMX_TARGET void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
+                                  int64_t acc_stride) {
+  const int64_t stride = acc_stride * static_cast<int64_t>(sizeof(float));
+  _tile_loadd(1, pa, 64);
+  // Four 16-column stretches at a time in four accumulators (tiles 0, 3, 5,
+  // 6; B in 2, 4, 7, then 2 again): each one's load and store overlap the
+  // others' multiplies. dv is a multiple of 32: a pair remains at most.
+  int32_t t = 0;
+  for (; t + 4 <= dv / 16; t += 4) {
+    float* c = acc + 16 * t;
+    const uint16_t* b = vb + static_cast<int64_t>(t) * kValuesPerTile;
+    _tile_loadd(0, c, stride);
+    _tile_loadd(3, c + 16, stride);
+    _tile_loadd(5, c + 32, stride);
+    _tile_loadd(6, c + 48, stride);
+    _tile_loadd(2, b, 64);
+    _tile_loadd(4, b + kValuesPerTile, 64);
+    _tile_loadd(7, b + 2 * kValuesPerTile, 64);
+    _tile_dpbf16ps(0, 1, 2);
+    _tile_dpbf16ps(3, 1, 4);
+    _tile_dpbf16ps(5, 1, 7);
+    _tile_loadd(2, b + 3 * kValuesPerTile, 64);
+    _tile_dpbf16ps(6, 1, 2);
+    _tile_stored(0, c, stride);
+    _tile_stored(3, c + 16, stride);
+    _tile_stored(5, c + 32, stride);
+    _tile_stored(6, c + 48, stride);
+  }
+  for (; t < dv / 16; t += 2) {
+    _tile_loadd(0, acc + 16 * t, stride);
+    _tile_loadd(3, acc + 16 * (t + 1), stride);
+    _tile_loadd(2, vb + static_cast<int64_t>(t) * kValuesPerTile, 64);
+    _tile_loadd(4, vb + static_cast<int64_t>(t + 1) * kValuesPerTile, 64);
+    _tile_dpbf16ps(0, 1, 2);
+    _tile_dpbf16ps(3, 1, 4);
+    _tile_stored(0, acc + 16 * t, stride);
+    _tile_stored(3, acc + 16 * (t + 1), stride);
+  }
+}
+
+PAGODA_AMX_TARGET double peak_one_thread() {
+  alignas(64) static uint16_t ones[kValuesPerTile];
+  for (uint16_t& x : ones) x = 0x3F80;  // 1.0
+  constexpr int64_t kIters = 1 << 18;
+  TileScope tiles;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < kIters; ++i) {
+    // Four accumulators: independent chains cover the multiply's latency.
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  alignas(64) float sink[kTileRows * kTileRows];
+  _tile_stored(0, sink, 64);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  volatile float keep = sink[0];
+  (void)keep;
+  constexpr double kFlopPerMultiply = 2.0 * kTileRows * kTileRows * 32;
+  return kFlopPerMultiply * 4 * static_cast<double>(kIters) / s;
+}
+
+}  // namespace pagoda::cpu::amx

@@ -1,0 +1,94 @@
+#pragma once
+// Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and later) for the
+// CPU kernel's bf16 caches: Q.K^T and P.V as tile multiplies of bf16 inputs
+// with fp32 accumulation (TDPBF16PS), the softmax around them staying in
+// AVX-512 (decode_cpu.cc). Plain functions with target attributes, called only
+// after available() said yes; no Highway here.
+//
+// Layouts. A tile is 16 rows of 64 bytes. TDPBF16PS C[m][n] += sum over k of
+// A[m][2k] B[k][2n] + A[m][2k+1] B[k][2n+1]: B holds pairs of the reduced
+// dimension side by side ("VNNI" order). Scores are computed transposed,
+// S^T = K . Q^T, so that A is 16 cache rows read where they lie and only q
+// (once per task) and each 16 x 16 block of scores (once per 16 keys) are
+// rearranged; P.V is O += P . V with V's rows interleaved in pairs once per
+// 32 keys, shared by every row block.
+//
+// Bits: every element of C is its own chain over the reduced dimension in a
+// fixed order, whatever the other rows or columns of the tiles hold, so a row
+// computed in a block of 16 has the bits it has alone. Zero weights (keys out
+// of a row's range, padding) add exact zeros.
+
+#include <cstdint>
+
+namespace pagoda::cpu {
+class LinePrefetch;
+}
+
+namespace pagoda::cpu::amx {
+
+// Cache lines to request while a function below runs, spread over its steps:
+// the tile multiplies are short, and requests issued in one burst before them
+// would leave the memory idle while they run.
+struct Requests {
+  LinePrefetch* prefetch = nullptr;
+  int64_t lines = 0;
+};
+
+// Rows of a tile: query rows per block, keys per score step.
+inline constexpr int kTileRows = 16;
+// Keys per P.V step: 16 pairs.
+inline constexpr int kPvKeys = 32;
+
+// Whether this CPU has AMX-TILE, AMX-BF16 and AVX512-BF16 and the kernel lets
+// this process use the tile data (arch_prctl ARCH_REQ_XCOMP_PERM). Asked once.
+bool available();
+
+// Loads the tile configuration on the calling thread for the functions below
+// and releases the tiles at scope end (the tile state is per thread and costs
+// 8 KiB per context switch while live).
+class TileScope {
+ public:
+  TileScope();
+  ~TileScope();
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+// q of up to 16 rows (q[r] null past the rows: zero) as the B tiles of the
+// scores, one per 32 elements of d: qb[c][k][r][i] = bf16(q[r][32c + 2k + i]),
+// rounded to nearest even. d is a multiple of 32; qb holds 16 * d values.
+void pack_q(const float* const* q, int32_t d, uint16_t* qb);
+
+// Up to 16 key rows where they lie: d bf16 values each, `stride` bytes
+// apart, all 16 readable and finite (a short run is copied beside zero rows);
+// the first n are scored.
+struct KeyRows {
+  const uint16_t* k;
+  int64_t stride;
+  int32_t n;
+};
+
+// out[r * out_stride + 16 g + j] = scale * (q[r] . keys[g][j]) for r < rows, g
+// < groups (1 or 2) and j < keys[g].n, q packed by pack_q.
+void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows, float scale, float* out,
+            int64_t out_stride, Requests requests = {});
+
+// 32 V rows (v[j] null: a zero row) as the B tiles of P.V, one per 16 output
+// elements: vb[t][k][e][i] = v[2k + i][16t + e]. dv is a multiple of 32; vb
+// holds 32 * dv values.
+void pack_v(const uint16_t* const* v, int32_t dv, uint16_t* vb, Requests requests = {});
+
+// The A tile of 16 rows' weights over 32 keys: pa[r][j] = bf16(p[r][j]) for j
+// in [begin[r], end[r]), else 0; rows from `rows` on are zero. Reads p[r][0..32)
+// only where the range covers it.
+void pack_p(const float* const* p, const int32_t* begin, const int32_t* end, int32_t rows, uint16_t* pa);
+
+// acc[r * acc_stride + e] += sum over j of pa[r][j] * v[j][e], for all 16 rows
+// (each readable and writable) and e < dv.
+void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride);
+
+// TDPBF16PS throughput of one thread, FLOP/s (2 per multiply-add), from a loop
+// of independent tile multiplies: the matrix roof of the bf16 rows.
+double peak_one_thread();
+
+}  // namespace pagoda::cpu::amx

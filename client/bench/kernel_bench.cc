@@ -196,8 +196,8 @@ int run(const KernelOptions& o) {
         return 2;
       }
     }
-    const bool amx = cpu && cpu::amx_serves(g.dtype);
-    const std::string target_name = cpu ? cpu::kernel_target_name(g.dtype) : "cuda";
+    const bool amx = cpu && cpu::amx_serves(g);
+    const std::string target_name = cpu ? cpu::kernel_target_name(g) : "cuda";
     // The compute roof on the same threads and unit (the tiles' on the AMX
     // path), next to the rows it bounds.
     const double fma_peak = !cpu ? 0.0 : amx ? cpu::measure_amx_peak(report.threads)

@@ -49,7 +49,7 @@ HostBuffer aligned_buffer(size_t bytes) {
 CpuBackend::CpuBackend(const CacheGeometry& g, int32_t threads, std::vector<KvScale> scales, HostBuffer k,
                        HostBuffer v)
     : geometry_(g), threads_(threads), scales_(std::move(scales)), arena_(threads), k_(std::move(k)), v_(std::move(v)),
-      device_name_(cpu_model_name() + " (" + kernel_target_name(g.dtype) + ", " + std::to_string(threads) + " threads)") {}
+      device_name_(cpu_model_name() + " (" + kernel_target_name(g) + ", " + std::to_string(threads) + " threads)") {}
 
 StatusOr<std::unique_ptr<BackendStream>> CpuBackend::open_stream() {
   return std::unique_ptr<BackendStream>(new CpuStream(*this));

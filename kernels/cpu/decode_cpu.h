@@ -106,10 +106,9 @@ inline int64_t partial_scratch_floats(int32_t rows, int32_t head_dim) {
          rows_pad * head_dim + 256;
 }
 
-// Whether decodes of geometry g take the matrix-unit path: a bf16 cache on a
-// CPU with AMX-BF16 while the selected target allows it (select_simd_target).
-// A property of the geometry and the process, never of a batch: every decode
-// of a server takes the same path.
+// Whether decodes of geometry g take the matrix-unit path (amx_serves in
+// pagoda/cpu_targets.h). A property of the geometry and the process, never of
+// a batch: every decode of a server takes the same path.
 bool uses_amx(const CacheGeometry& g);
 
 void compute_partial(const PartialTask& task);

@@ -133,19 +133,28 @@ TEST_F(Amx, PvAddsRoundedWeightsInsideEachRowsRangeAndZerosElsewhere) {
   }
 }
 
-TEST_F(Amx, BestServesBf16CachesAndAvx3TurnsTheTilesOff) {
+TEST_F(Amx, BestServesBf16CachesFromGqa4AndAvx3TurnsTheTilesOff) {
+  CacheGeometry g;
+  g.num_kv_heads = 2;
+  g.num_q_heads = 8;
+  g.dtype = DType::kBFloat16;
   ASSERT_TRUE(cpu::select_simd_target("best").ok());
-  EXPECT_TRUE(cpu::amx_serves(DType::kBFloat16));
-  EXPECT_FALSE(cpu::amx_serves(DType::kFloat16)) << "fp16 would lose 3 bits in bf16 tiles";
-  EXPECT_EQ(cpu::kernel_target_name(DType::kBFloat16), "AVX3+AMX-BF16");
-  EXPECT_EQ(cpu::kernel_target_name(DType::kFloat16), "AVX3");
+  EXPECT_TRUE(cpu::amx_serves(g));
+  EXPECT_EQ(cpu::kernel_target_name(g), "AVX3+AMX-BF16");
+  CacheGeometry fp16 = g;
+  fp16.dtype = DType::kFloat16;
+  EXPECT_FALSE(cpu::amx_serves(fp16)) << "fp16 would lose 3 bits in bf16 tiles";
+  EXPECT_EQ(cpu::kernel_target_name(fp16), "AVX3");
+  CacheGeometry gqa2 = g;
+  gqa2.num_q_heads = 4;
+  EXPECT_FALSE(cpu::amx_serves(gqa2)) << "two rows per position leave the tiles mostly idle";
   ASSERT_TRUE(cpu::select_simd_target("avx3").ok());
-  EXPECT_FALSE(cpu::amx_serves(DType::kBFloat16));
-  EXPECT_EQ(cpu::kernel_target_name(DType::kBFloat16), "AVX3");
+  EXPECT_FALSE(cpu::amx_serves(g));
+  EXPECT_EQ(cpu::kernel_target_name(g), "AVX3");
   ASSERT_TRUE(cpu::select_simd_target("amx").ok());
-  EXPECT_TRUE(cpu::amx_serves(DType::kBFloat16));
+  EXPECT_TRUE(cpu::amx_serves(g));
   ASSERT_TRUE(cpu::select_simd_target("avx2").ok());
-  EXPECT_FALSE(cpu::amx_serves(DType::kBFloat16));
+  EXPECT_FALSE(cpu::amx_serves(g));
 }
 
 // Both paths of one bf16 cache, multi-token rows with a window: each within
@@ -170,7 +179,7 @@ TEST_F(Amx, TilesAndFmasEachMatchTheReferenceOnOneBf16Cache) {
   for (const std::string target : {"amx", "avx3"}) {
     SCOPED_TRACE(target);
     ASSERT_TRUE(cpu::select_simd_target(target).ok());
-    const Arithmetic arithmetic = arithmetic_of("cpu", g.dtype);
+    const Arithmetic arithmetic = arithmetic_of("cpu", g);
     EXPECT_EQ(arithmetic, target == "amx" ? Arithmetic::kBf16Tiles : Arithmetic::kFp32);
     const auto got = f.decode(0, ids, q, scale, SplitMode::kDeterministic, 512, v);
     const auto want = f.reference(0, ids, as_multiplied(q, arithmetic), scale, v);

@@ -27,8 +27,8 @@ float round_to(float x, DType dtype) {
   return x;
 }
 
-Arithmetic arithmetic_of(const std::string& backend, DType cache) {
-  return backend == "cpu" && cpu::amx_serves(cache) ? Arithmetic::kBf16Tiles : Arithmetic::kFp32;
+Arithmetic arithmetic_of(const std::string& backend, const CacheGeometry& g) {
+  return backend == "cpu" && cpu::amx_serves(g) ? Arithmetic::kBf16Tiles : Arithmetic::kFp32;
 }
 
 CacheFixture::Queries as_multiplied(const CacheFixture::Queries& q, Arithmetic arithmetic) {

@@ -145,9 +145,9 @@ CacheGeometry bookkeeping_geometry(int32_t blocks);
 // Rounds an fp32 value to `dtype` and back.
 float round_to(float x, DType dtype);
 
-// The arithmetic `backend` ("cpu" or "cuda") decodes a `cache` dtype with:
-// bf16 tiles where the CPU's AMX path serves it, fp32 otherwise.
-Arithmetic arithmetic_of(const std::string& backend, DType cache);
+// The arithmetic `backend` ("cpu" or "cuda") decodes geometry g with: bf16
+// tiles where the CPU's AMX path serves it, fp32 otherwise.
+Arithmetic arithmetic_of(const std::string& backend, const CacheGeometry& g);
 
 // q as that arithmetic multiplies it, for the reference: rounded to bf16 for
 // the tiles (the bytes sent stay q's own).

@@ -30,7 +30,7 @@ void run_table_case(const Case& c) {
       f.add_sequences(kLayer, std::vector<int32_t>(std::begin(kLengths), std::end(kLengths)), &q);
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   const auto got = f.decode(kLayer, ids, q, scale, SplitMode::kDeterministic, kTableSplitTokens);
-  const Arithmetic arithmetic = arithmetic_of("cpu", c.cache);
+  const Arithmetic arithmetic = arithmetic_of("cpu", g);
   const auto want = f.reference(kLayer, ids, as_multiplied(q, arithmetic), scale);
 
   EXPECT_EQ(got.chunk_tokens, kTableSplitTokens);

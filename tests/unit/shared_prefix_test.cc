@@ -115,7 +115,7 @@ TEST_P(SharedPrefix, ForksReadSharedChunksOnceWithTheBitsOfUnsharedTwinsAndOfEac
   }
 
   // And against the reference (the mirror of what each fork holds).
-  const Arithmetic arithmetic = arithmetic_of("cpu", c.cache);
+  const Arithmetic arithmetic = arithmetic_of("cpu", f.geometry());
   const ReferenceResult ref = f.reference(0, forks, as_multiplied(q, arithmetic), scale, variant);
   expect_matches_reference(shared.out, shared.lse, ref, DType::kFloat32, arithmetic);
 }

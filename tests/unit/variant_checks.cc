@@ -100,7 +100,7 @@ void expect_variants_match_reference(const std::string& backend, const VariantCa
           }
           const auto q = f.random_queries(static_cast<int32_t>(ids.size()) * q_len, DType::kFloat32);
           const auto got = f.decode(0, ids, q, scale, SplitMode::kDeterministic, kSplit, v);
-          const Arithmetic arithmetic = arithmetic_of(backend, c.cache);
+          const Arithmetic arithmetic = arithmetic_of(backend, g);
           const auto want = f.reference(0, ids, as_multiplied(q, arithmetic), scale, v);
           expect_matches_reference(got.out, got.lse, want, DType::kFloat32, arithmetic);
         }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "pagoda/dtype.h"
+#include "pagoda/paged_kv.h"
 #include "pagoda/status.h"
 
 namespace pagoda::cpu {
@@ -20,14 +21,15 @@ const char* simd_target_name();
 // runs (benches, tests, server start-up).
 Status select_simd_target(const std::string& target);
 
-// What decodes of a `cache` dtype run on: the SIMD target, "+AMX-BF16" added
-// for bf16 caches where the matrix units serve them, e.g. "AVX3+AMX-BF16".
-std::string kernel_target_name(DType cache);
+// What decodes of geometry g run on: the SIMD target, "+AMX-BF16" added where
+// the matrix units serve it (amx_serves), e.g. "AVX3+AMX-BF16".
+std::string kernel_target_name(const CacheGeometry& g);
 
-// Whether decodes of a `cache` dtype take the AMX path (bf16 tiles): a bf16
-// cache on a CPU with AMX-BF16 while the selected target allows it. A
-// property of the dtype and the process, never of a batch.
-bool amx_serves(DType cache);
+// Whether decodes of geometry g take the AMX path (bf16 tiles): a bf16 cache
+// with at least 4 query heads per KV head, on a CPU with AMX-BF16, while the
+// selected target allows it. A property of the geometry and the process,
+// never of a batch.
+bool amx_serves(const CacheGeometry& g);
 
 // Whether this CPU and its kernel offer AMX-BF16 (whatever the selection).
 bool amx_available();

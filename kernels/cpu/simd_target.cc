@@ -78,15 +78,17 @@ std::string kernel_target_name(const CacheGeometry& g) {
 
 bool amx_available() { return amx::available(); }
 
-double measure_amx_peak(int32_t threads) {
-  if (!amx::available()) return 0;
+namespace {
+// The sum over `threads` threads of one_thread()'s rate, best of three: a
+// thread can lose its core for a moment on a shared machine.
+double peak_of_threads(int32_t threads, double (*one_thread)()) {
   threads = std::max(1, threads);
   std::vector<double> rates(static_cast<size_t>(threads));
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<std::thread> pool;
     for (int32_t i = 0; i < threads; ++i) {
-      pool.emplace_back([&rates, i] { rates[static_cast<size_t>(i)] = amx::peak_one_thread(); });
+      pool.emplace_back([&rates, i, one_thread] { rates[static_cast<size_t>(i)] = one_thread(); });
     }
     for (auto& t : pool) t.join();
     double total = 0;
@@ -94,24 +96,13 @@ double measure_amx_peak(int32_t threads) {
     best = std::max(best, total);
   }
   return best;
+}
+}  // namespace
+
+double measure_amx_peak(int32_t threads) {
+  return amx::available() ? peak_of_threads(threads, &amx::peak_one_thread) : 0.0;
 }
 
-double measure_fma_peak(int32_t threads) {
-  threads = std::max(1, threads);
-  std::vector<double> rates(static_cast<size_t>(threads));
-  // Best of three: a thread can lose its core for a moment on a shared machine.
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    std::vector<std::thread> pool;
-    for (int32_t i = 0; i < threads; ++i) {
-      pool.emplace_back([&rates, i] { rates[static_cast<size_t>(i)] = fma_peak_one_thread(); });
-    }
-    for (auto& t : pool) t.join();
-    double total = 0;
-    for (double r : rates) total += r;
-    best = std::max(best, total);
-  }
-  return best;
-}
+double measure_fma_peak(int32_t threads) { return peak_of_threads(threads, &fma_peak_one_thread); }
 
 }  // namespace pagoda::cpu

@@ -299,7 +299,8 @@ void add_kernel_command(CLI::App& app) {
       ->check(CLI::IsMember({"deterministic", "fast"}));
   sub->add_option("--target", o->targets,
                   "CPU SIMD targets to run, in order (comma-separated): best (all the CPU has, AMX for bf16 "
-                  "caches included), amx (the same, failing without AMX), avx3 (AVX-512 FMAs only), avx2")
+                  "caches of GQA 8 or wider), amx (AMX for every bf16 cache, failing without it), avx3 (AVX-512 "
+                  "FMAs only), avx2")
       ->delimiter(',')
       ->check(CLI::IsMember({"best", "amx", "avx3", "avx2"}));
   sub->add_option("--split-tokens", o->split_tokens, "split-KV chunk length in deterministic mode");

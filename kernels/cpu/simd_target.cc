@@ -16,18 +16,25 @@ namespace pagoda::cpu {
 double fma_peak_one_thread();  // decode_cpu.cc, per target
 
 namespace {
-// Whether bf16 caches may take the AMX path: "best" and "amx" allow it (the
-// first where the CPU has it), "avx3" and "avx2" do not.
-std::atomic<bool> g_amx_allowed{true};
+// Which bf16 caches take the AMX path: "best" those where it is the faster
+// (kAmxMinGroup), "amx" every one, "avx3" and "avx2" none.
+enum class AmxUse { kWhereFaster, kEvery, kNone };
+std::atomic<AmxUse> g_amx_use{AmxUse::kWhereFaster};
 
-bool amx_on() { return g_amx_allowed.load(std::memory_order_relaxed) && amx::available(); }
+// From 8 query heads per KV head, where a 16-row tile holds 8 or more rows per
+// position. Measured on a 2-vCPU Sapphire Rapids guest (bf16, head_dim 128,
+// 8 x 4096 tokens, 2 threads) against the AVX-512 FMAs: GQA 8 at 1.2-1.4x
+// their speed for one query row and 2.3-2.5x for four, MLA's 128 heads at
+// 2.9x; GQA 4 at 0.7-0.8x for one row (1.6-1.9x for four), GQA 2 at 0.74x,
+// GQA 1 at 0.67x.
+constexpr int32_t kAmxMinGroup = 8;
 }  // namespace
 
 Status select_simd_target(const std::string& target) {
   // Targets better than AVX2 on x86 (AVX3_DL is not compiled in, see decode_cpu.cc).
   const int64_t above_avx2 = HWY_AVX3 | HWY_AVX3_DL;
   hwy::SetSupportedTargetsForTest(0);  // back to what the CPU has
-  g_amx_allowed = true;
+  g_amx_use = AmxUse::kWhereFaster;
   const int64_t supported = hwy::SupportedTargets();
   if (target == "best") return Status::Ok();
   if (target == "amx") {
@@ -36,6 +43,7 @@ Status select_simd_target(const std::string& target) {
                     "target: expected a CPU with AMX-BF16, AMX-TILE and AVX512-BF16 whose kernel grants the tile "
                     "data for 'amx', this CPU or kernel has none");
     }
+    g_amx_use = AmxUse::kEvery;
     return Status::Ok();
   }
   if (target == "avx3") {
@@ -43,7 +51,7 @@ Status select_simd_target(const std::string& target) {
       return Status(StatusCode::kFailedPrecondition,
                     "target: expected a CPU with AVX-512 (F, VL, DQ, BW) for 'avx3', this CPU has none");
     }
-    g_amx_allowed = false;
+    g_amx_use = AmxUse::kNone;
     return Status::Ok();
   }
   if (target == "avx2") {
@@ -51,7 +59,7 @@ Status select_simd_target(const std::string& target) {
       return Status(StatusCode::kFailedPrecondition, "target: expected a CPU with AVX2 for 'avx2', this CPU has none");
     }
     hwy::SetSupportedTargetsForTest(supported & ~above_avx2);
-    g_amx_allowed = false;
+    g_amx_use = AmxUse::kNone;
     return Status::Ok();
   }
   return InvalidArgument("target: expected best, amx, avx3 or avx2, received '{}'", target);
@@ -59,15 +67,11 @@ Status select_simd_target(const std::string& target) {
 
 // The AMX kernel is an AVX3 function of decode_cpu.cc: the dispatched target
 // must be that one.
-// From 4 query heads per KV head: below, a 16-row tile holds 1 or 2 rows per
-// position and the FMA path is the faster (measured on a 2-vCPU Sapphire
-// Rapids guest, bf16, head_dim 128, 8 x 4096 tokens: GQA 1 at 0.67x, GQA 2 at
-// 0.74x its time; GQA 8 at 1.1x, MLA's 128 heads at 2.9x).
-constexpr int32_t kAmxMinGroup = 4;
-
 bool amx_serves(const CacheGeometry& g) {
-  return g.dtype == DType::kBFloat16 && g.group_size() >= kAmxMinGroup && amx_on() &&
-         std::strcmp(simd_target_name(), "AVX3") == 0;
+  const AmxUse use = g_amx_use.load(std::memory_order_relaxed);
+  if (g.dtype != DType::kBFloat16 || use == AmxUse::kNone || !amx::available()) return false;
+  if (use == AmxUse::kWhereFaster && g.group_size() < kAmxMinGroup) return false;
+  return std::strcmp(simd_target_name(), "AVX3") == 0;
 }
 
 bool uses_amx(const CacheGeometry& g) { return amx_serves(g); }

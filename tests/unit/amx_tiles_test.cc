@@ -133,26 +133,28 @@ TEST_F(Amx, PvAddsRoundedWeightsInsideEachRowsRangeAndZerosElsewhere) {
   }
 }
 
-TEST_F(Amx, BestServesBf16CachesFromGqa4AndAvx3TurnsTheTilesOff) {
+TEST_F(Amx, BestServesBf16CachesFromGqa8AmxEveryOneAndAvx3None) {
   CacheGeometry g;
   g.num_kv_heads = 2;
-  g.num_q_heads = 8;
+  g.num_q_heads = 16;
   g.dtype = DType::kBFloat16;
+  CacheGeometry gqa4 = g;
+  gqa4.num_q_heads = 8;
+  CacheGeometry fp16 = g;
+  fp16.dtype = DType::kFloat16;
   ASSERT_TRUE(cpu::select_simd_target("best").ok());
   EXPECT_TRUE(cpu::amx_serves(g));
   EXPECT_EQ(cpu::kernel_target_name(g), "AVX3+AMX-BF16");
-  CacheGeometry fp16 = g;
-  fp16.dtype = DType::kFloat16;
+  EXPECT_FALSE(cpu::amx_serves(gqa4)) << "four rows per position leave a 16-row tile mostly idle";
+  EXPECT_EQ(cpu::kernel_target_name(gqa4), "AVX3");
   EXPECT_FALSE(cpu::amx_serves(fp16)) << "fp16 would lose 3 bits in bf16 tiles";
-  EXPECT_EQ(cpu::kernel_target_name(fp16), "AVX3");
-  CacheGeometry gqa2 = g;
-  gqa2.num_q_heads = 4;
-  EXPECT_FALSE(cpu::amx_serves(gqa2)) << "two rows per position leave the tiles mostly idle";
+  ASSERT_TRUE(cpu::select_simd_target("amx").ok());
+  EXPECT_TRUE(cpu::amx_serves(g));
+  EXPECT_TRUE(cpu::amx_serves(gqa4));
+  EXPECT_FALSE(cpu::amx_serves(fp16));
   ASSERT_TRUE(cpu::select_simd_target("avx3").ok());
   EXPECT_FALSE(cpu::amx_serves(g));
   EXPECT_EQ(cpu::kernel_target_name(g), "AVX3");
-  ASSERT_TRUE(cpu::select_simd_target("amx").ok());
-  EXPECT_TRUE(cpu::amx_serves(g));
   ASSERT_TRUE(cpu::select_simd_target("avx2").ok());
   EXPECT_FALSE(cpu::amx_serves(g));
 }

@@ -15,8 +15,9 @@ namespace pagoda::cpu {
 const char* simd_target_name();
 
 // Restricts dispatch to `target`: "best" (every target this CPU has, AMX for
-// bf16 caches included), "amx" (the same, failing where there is no AMX),
-// "avx3" (AVX-512, bf16 caches in fp32 FMAs) or "avx2". FAILED_PRECONDITION
+// the bf16 caches where it is the faster: 8 or more query heads per KV head),
+// "amx" (AMX for every bf16 cache, failing where there is none), "avx3"
+// (AVX-512, bf16 caches in fp32 FMAs) or "avx2". FAILED_PRECONDITION
 // when the CPU lacks it. Affects the whole process; call before any decode
 // runs (benches, tests, server start-up).
 Status select_simd_target(const std::string& target);
@@ -26,9 +27,9 @@ Status select_simd_target(const std::string& target);
 std::string kernel_target_name(const CacheGeometry& g);
 
 // Whether decodes of geometry g take the AMX path (bf16 tiles): a bf16 cache
-// with at least 4 query heads per KV head, on a CPU with AMX-BF16, while the
-// selected target allows it. A property of the geometry and the process,
-// never of a batch.
+// on a CPU with AMX-BF16, with 8 or more query heads per KV head under "best"
+// or any under "amx". A property of the geometry and the process, never of a
+// batch.
 bool amx_serves(const CacheGeometry& g);
 
 // Whether this CPU and its kernel offer AMX-BF16 (whatever the selection).

@@ -235,7 +235,7 @@ PAGODA_AMX_TARGET void pack_p(const float* const* p, const int32_t* begin, const
 }
 
 PAGODA_AMX_TARGET void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
-                                  int64_t acc_stride) {
+                                  int64_t acc_stride, bool first) {
   const int64_t stride = acc_stride * static_cast<int64_t>(sizeof(float));
   _tile_loadd(1, pa, 64);
   // Four 16-column stretches at a time in four accumulators (tiles 0, 3, 5,
@@ -245,10 +245,17 @@ PAGODA_AMX_TARGET void accumulate(const uint16_t* pa, const uint16_t* vb, int32_
   for (; t + 4 <= dv / 16; t += 4) {
     float* c = acc + 16 * t;
     const uint16_t* b = vb + static_cast<int64_t>(t) * kValuesPerTile;
-    _tile_loadd(0, c, stride);
-    _tile_loadd(3, c + 16, stride);
-    _tile_loadd(5, c + 32, stride);
-    _tile_loadd(6, c + 48, stride);
+    if (first) {
+      _tile_zero(0);
+      _tile_zero(3);
+      _tile_zero(5);
+      _tile_zero(6);
+    } else {
+      _tile_loadd(0, c, stride);
+      _tile_loadd(3, c + 16, stride);
+      _tile_loadd(5, c + 32, stride);
+      _tile_loadd(6, c + 48, stride);
+    }
     _tile_loadd(2, b, 64);
     _tile_loadd(4, b + kValuesPerTile, 64);
     _tile_loadd(7, b + 2 * kValuesPerTile, 64);
@@ -263,8 +270,13 @@ PAGODA_AMX_TARGET void accumulate(const uint16_t* pa, const uint16_t* vb, int32_
     _tile_stored(6, c + 48, stride);
   }
   for (; t < dv / 16; t += 2) {
-    _tile_loadd(0, acc + 16 * t, stride);
-    _tile_loadd(3, acc + 16 * (t + 1), stride);
+    if (first) {
+      _tile_zero(0);
+      _tile_zero(3);
+    } else {
+      _tile_loadd(0, acc + 16 * t, stride);
+      _tile_loadd(3, acc + 16 * (t + 1), stride);
+    }
     _tile_loadd(2, vb + static_cast<int64_t>(t) * kValuesPerTile, 64);
     _tile_loadd(4, vb + static_cast<int64_t>(t + 1) * kValuesPerTile, 64);
     _tile_dpbf16ps(0, 1, 2);

@@ -84,8 +84,10 @@ void pack_v(const uint16_t* const* v, int32_t dv, uint16_t* vb, Requests request
 void pack_p(const float* const* p, const int32_t* begin, const int32_t* end, int32_t rows, uint16_t* pa);
 
 // acc[r * acc_stride + e] += sum over j of pa[r][j] * v[j][e], for all 16 rows
-// (each readable and writable) and e < dv.
-void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride);
+// (each readable and writable) and e < dv; with `first`, acc is not read (=
+// instead of +=: the first group of a sub-block starts from zero tiles).
+void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride,
+                bool first = false);
 
 // TDPBF16PS throughput of one thread, FLOP/s (2 per multiply-add), from a loop
 // of independent tile multiplies: the matrix roof of the bf16 rows.

@@ -402,19 +402,23 @@ HWY_INLINE int64_t state_index(const PartialTask& t, int32_t r) {
   return t.position[r / t.heads].partial + r % t.heads;
 }
 
-// Every row's state starts empty: m = -inf, l = 0, acc = 0 (dv wide).
-HWY_INLINE void reset_states(const PartialTask& t, int64_t dv) {
+// Every row's state starts empty: m = -inf, l = 0, and acc = 0 (dv wide)
+// with zero_acc. Without, acc is left as it is: merges never read the acc of
+// an empty state (merge_into copies over it), and at a latent head's 512
+// elements for up to 128 rows the fill is a pass over 256 KiB per task.
+HWY_INLINE void reset_states(const PartialTask& t, int64_t dv, bool zero_acc = true) {
   for (int32_t r = 0; r < t.positions * t.heads; ++r) {
     const int64_t i = state_index(t, r);
     t.m[i] = neg_inf<float>();
     t.l[i] = 0.f;
-    std::fill(t.acc + i * dv, t.acc + (i + 1) * dv, 0.f);
+    if (zero_acc) std::fill(t.acc + i * dv, t.acc + (i + 1) * dv, 0.f);
   }
 }
 
 // Each position's keys in sub-block sb, and its rows' weights in place of
 // their scores (rows kSubBlockTokens apart); the sub-block accumulator of
-// every row with a key is zeroed for P.V.
+// every row with a key is zeroed for P.V (unless sub_acc is null: the tiles
+// start from zero themselves).
 HWY_INLINE void softmax_sub_block(const PartialTask& t, const ReadPlan& plan, int64_t sb, float* scores,
                                   float* sub_acc, int64_t dv, SoftmaxStats<float>* stats) {
   const int64_t base = t.chunk_begin + sb * kSubBlockTokens;
@@ -424,7 +428,9 @@ HWY_INLINE void softmax_sub_block(const PartialTask& t, const ReadPlan& plan, in
       const int32_t r = p * t.heads + h;
       stats[r] = softmax_row(scores + static_cast<int64_t>(r) * kSubBlockTokens, keys.begin - base, keys.end - base,
                              t.soft_cap);
-      if (stats[r].m != neg_inf<float>()) std::fill(sub_acc + r * dv, sub_acc + (r + 1) * dv, 0.f);
+      if (sub_acc != nullptr && stats[r].m != neg_inf<float>()) {
+        std::fill(sub_acc + r * dv, sub_acc + (r + 1) * dv, 0.f);
+      }
     }
   }
 }
@@ -635,7 +641,7 @@ void partial_amx(const PartialTask& t) {
   uint16_t* vb = kpad + 2 * kTileRows * kD;
   uint16_t* pa = vb + kPvKeys * kDv;
 
-  reset_states(t, kDv);
+  reset_states(t, kDv, /*zero_acc=*/false);
   const ReadPlan plan(t);
   if (plan.empty()) return;
   const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(uint16_t));
@@ -650,9 +656,6 @@ void partial_amx(const PartialTask& t) {
     }
     amx::pack_q(q, kD, qb + static_cast<int64_t>(b) * kTileRows * kD);
   }
-  // Every accumulator row is multiplied, padding and keyless rows included:
-  // they start finite and gain zeros.
-  std::fill(sub_acc, sub_acc + rows_pad * kDv, 0.f);
 
   const amx::TileScope tiles;
   SoftmaxStats<float> stats[kMaxTaskRows];
@@ -696,9 +699,12 @@ void partial_amx(const PartialTask& t) {
       prefetch.catch_up();
       pos = at;
     }
-    softmax_sub_block(t, plan, sb, scores, sub_acc, kDv, stats);
+    softmax_sub_block(t, plan, sb, scores, nullptr, kDv, stats);
 
     // Pass 2: P.V, 32 keys at a time, V interleaved once for every row block.
+    // A block's first group with a weight writes its tiles from zero; a row
+    // with keys has them in some group, so its sums start there.
+    bool started[kMaxTaskRows / kTileRows] = {};
     for (int64_t g0 = (span.begin - base) / kPvKeys * kPvKeys; base + g0 < span.end; g0 += kPvKeys) {
       const int64_t lo = std::max(span.begin, base + g0);
       const int64_t hi = std::min(span.end, base + g0 + kPvKeys);
@@ -725,7 +731,8 @@ void partial_amx(const PartialTask& t) {
         }
         if (!any) continue;  // all weights zero: the sums would not change
         amx::pack_p(p_rows, p_begin, p_end, live, pa);
-        amx::accumulate(pa, vb, kDv, sub_acc + static_cast<int64_t>(b) * kTileRows * kDv, kDv);
+        amx::accumulate(pa, vb, kDv, sub_acc + static_cast<int64_t>(b) * kTileRows * kDv, kDv, !started[b]);
+        started[b] = true;
       }
       prefetch.catch_up();
     }

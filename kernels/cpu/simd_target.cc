@@ -24,8 +24,8 @@ std::atomic<AmxUse> g_amx_use{AmxUse::kWhereFaster};
 // From 8 query heads per KV head, where a 16-row tile holds 8 or more rows per
 // position. Measured on a 2-vCPU Sapphire Rapids guest (bf16, head_dim 128,
 // 8 x 4096 tokens, 2 threads) against the AVX-512 FMAs: GQA 8 at 1.2-1.4x
-// their speed for one query row and 2.3-2.5x for four, MLA's 128 heads at
-// 2.9x; GQA 4 at 0.7-0.8x for one row (1.6-1.9x for four), GQA 2 at 0.74x,
+// their speed for one query row and 2.2-2.6x for four, MLA's 128 heads at
+// 2.9x; GQA 4 at 0.65-1.0x for one row (1.5-1.9x for four), GQA 2 at 0.74x,
 // GQA 1 at 0.67x.
 constexpr int32_t kAmxMinGroup = 8;
 }  // namespace

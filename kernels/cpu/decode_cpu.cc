@@ -615,7 +615,23 @@ void partial_impl(const PartialTask& t) {
 }
 
 #if HWY_TARGET == HWY_AVX3
-// A bf16 cache on AMX (amx_tiles.h): the sub-blocks, softmax and merge of
+// n rows of kD elements, kStride apart, as bf16 into out ([n][kD]): exact for
+// the fp8 caches (3 or 2 significand bits and their exponents fit bf16; e4m3
+// reads 2^-8 of its value as everywhere, the launch folds 2^8 back in), so
+// their tiles see the stored values.
+template <typename T, int kD, int kStride>
+HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_RESTRICT out) {
+  const DF df;
+  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+  constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
+  for (int64_t r = 0; r < n; ++r, in += kStride, out += kD) {
+    for (int64_t i = 0; i < kD; i += kLanes) {
+      hn::StoreU(hn::DemoteTo(dbf, load_f32(in + i)), dbf, reinterpret_cast<hwy::bfloat16_t*>(out + i));
+    }
+  }
+}
+
+// A bf16 or fp8 cache on AMX (amx_tiles.h): the sub-blocks, softmax and merge of
 // partial_impl, with Q.K^T and P.V as tile multiplies of bf16 inputs and fp32
 // accumulation. q is rounded to bf16 once per task (exact for a bf16 q: the
 // scale comes after the multiply), each weight once per use, as FlashAttention
@@ -623,8 +639,9 @@ void partial_impl(const PartialTask& t) {
 // keys in groups of 32 on a grid anchored at the sub-block's start, each row's
 // weights zero outside its own keys: a row's sums run over the same groups in
 // the same order alone, among other positions or in a shared chunk.
-template <int kD, int kDv>
+template <typename T, int kD, int kDv>
 void partial_amx(const PartialTask& t) {
+  constexpr bool kBf16 = std::is_same_v<T, hwy::bfloat16_t>;
   using amx::kPvKeys;
   using amx::kTileRows;
   const CacheGeometry& g = *t.geometry;
@@ -632,21 +649,23 @@ void partial_amx(const PartialTask& t) {
   const int32_t blocks = (rows + kTileRows - 1) / kTileRows;
   const int64_t rows_pad = static_cast<int64_t>(blocks) * kTileRows;
   // Scratch: scores [rows_pad][kSubBlockTokens] | sub-block acc [rows_pad][kDv]
-  // | then bf16: packed q [blocks][16 * kD] | short key runs [2][16][kD] | packed
-  // V [32 * kDv] | packed P [16][32]. Each region is whole 64-byte lines.
+  // | then bf16: packed q [blocks][16 * kD] | short (or fp8) key runs [2][16][kD]
+  // | packed V [32 * kDv] | packed P [16][32] | fp8 V rows [32][kDv]. Each
+  // region is whole 64-byte lines.
   float* scores = t.scratch;
   float* sub_acc = scores + rows_pad * kSubBlockTokens;
   auto* qb = reinterpret_cast<uint16_t*>(sub_acc + rows_pad * kDv);
   uint16_t* kpad = qb + rows_pad * kD;
   uint16_t* vb = kpad + 2 * kTileRows * kD;
   uint16_t* pa = vb + kPvKeys * kDv;
+  uint16_t* v_bf16 = pa + kTileRows * kPvKeys;
 
   reset_states(t, kDv, /*zero_acc=*/false);
   const ReadPlan plan(t);
   if (plan.empty()) return;
-  const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(uint16_t));
-  const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(uint16_t));
-  constexpr int64_t kLinesPerRow = kD * static_cast<int64_t>(sizeof(uint16_t)) / 64;
+  const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(T));
+  const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T));
+  constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
   LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * kLinesPerRow);
   for (int32_t b = 0; b < blocks; ++b) {
     const float* q[kTileRows];
@@ -676,11 +695,16 @@ void partial_amx(const PartialTask& t) {
       int64_t at = pos;
       while (count < 2 && at < span.end && (count == 0 || groups[0].n == kTileRows)) {
         int64_t n = 0;
-        const auto* k = reinterpret_cast<const uint16_t*>(k_src.run(at, span.end, &n));
+        const auto* run = reinterpret_cast<const T*>(k_src.run(at, span.end, &n));
         n = std::min<int64_t>(n, kTileRows);
-        if (n < kTileRows) {
+        const uint16_t* k = reinterpret_cast<const uint16_t*>(run);
+        if (n < kTileRows || !kBf16) {
           uint16_t* pad = kpad + count * kTileRows * kD;
-          std::memcpy(pad, k, static_cast<size_t>(n * kD) * sizeof(uint16_t));
+          if constexpr (kBf16) {
+            std::memcpy(pad, run, static_cast<size_t>(n * kD) * sizeof(uint16_t));
+          } else {
+            rows_to_bf16<T, kD, kD>(run, n, pad);
+          }
           std::fill(pad + n * kD, pad + kTileRows * kD, uint16_t{0});
           k = pad;
         }
@@ -711,8 +735,14 @@ void partial_amx(const PartialTask& t) {
       std::fill(v_rows, v_rows + kPvKeys, nullptr);
       for (int64_t pos = lo; pos < hi;) {
         int64_t n = 0;
-        const auto* v = reinterpret_cast<const uint16_t*>(v_src.run(pos, hi, &n));
-        for (int64_t j = 0; j < n; ++j) v_rows[pos - base - g0 + j] = v + j * kD;
+        const auto* v = reinterpret_cast<const T*>(v_src.run(pos, hi, &n));
+        const int64_t first = pos - base - g0;
+        if constexpr (kBf16) {
+          for (int64_t j = 0; j < n; ++j) v_rows[first + j] = reinterpret_cast<const uint16_t*>(v + j * kD);
+        } else {
+          rows_to_bf16<T, kDv, kD>(v, n, v_bf16 + first * kDv);
+          for (int64_t j = 0; j < n; ++j) v_rows[first + j] = v_bf16 + (first + j) * kDv;
+        }
         pos += n;
       }
       prefetch.consumed((hi - lo) * kLinesPerRow);
@@ -748,7 +778,14 @@ void partial_for_dtype(const PartialTask& t) {
   if (t.amx) {
     // Set only where the dispatched target is AVX3 (uses_amx).
 #if HWY_TARGET == HWY_AVX3
-    return partial_amx<kD, kDv>(t);
+    switch (t.geometry->dtype) {
+      case DType::kBFloat16: return partial_amx<hwy::bfloat16_t, kD, kDv>(t);
+      case DType::kFloat8E4M3: return partial_amx<Fp8E4M3Bits, kD, kDv>(t);
+      case DType::kFloat8E5M2: return partial_amx<Fp8E5M2Bits, kD, kDv>(t);
+      case DType::kFloat32:
+      case DType::kFloat16: break;  // never on the tiles (amx_serves)
+    }
+    HWY_ABORT("the AMX path reached a cache of dtype %d", static_cast<int>(t.geometry->dtype));
 #else
     HWY_ABORT("the AMX path reached target %s", hwy::TargetName(HWY_TARGET));
 #endif

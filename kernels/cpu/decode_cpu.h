@@ -97,13 +97,14 @@ inline constexpr int32_t kTaskRowsTarget = 64;
 
 // Floats of scratch one task of `rows` rows needs: scores and sub-block
 // accumulators (rows rounded up to 16: whole tiles on the matrix path), a
-// converted tile, and q transposed or packed (rows rounded up to 16 lanes),
-// each region starting on a 64-byte line; head_dim bounds V's width.
+// converted tile, q transposed or packed (rows rounded up to 16 lanes), and
+// the matrix path's fp8 V rows as bf16, each region starting on a 64-byte
+// line; head_dim bounds V's width.
 inline int64_t partial_scratch_floats(int32_t rows, int32_t head_dim) {
   constexpr int64_t kTileTokens = 32;
   const int64_t rows_pad = (rows + 15) / 16 * 16;
   return rows_pad * kSubBlockTokens + rows_pad * static_cast<int64_t>(head_dim) + kTileTokens * head_dim +
-         rows_pad * head_dim + 256;
+         rows_pad * head_dim + 16 * static_cast<int64_t>(head_dim) + 256;
 }
 
 // Whether decodes of geometry g take the matrix-unit path (amx_serves in

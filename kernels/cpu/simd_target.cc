@@ -25,7 +25,7 @@ std::atomic<AmxUse> g_amx_use{AmxUse::kWhereFaster};
 // position. Measured on a 2-vCPU Sapphire Rapids guest (bf16, head_dim 128,
 // 8 x 4096 tokens, 2 threads) against the AVX-512 FMAs: GQA 8 at 1.2-1.4x
 // their speed for one query row and 2.2-2.6x for four, MLA's 128 heads at
-// 2.9x; GQA 4 at 0.65-1.0x for one row (1.5-1.9x for four), GQA 2 at 0.74x,
+// 2.9x; GQA 4 at 0.6-1.0x for one row (1.5-1.9x for four), GQA 2 at 0.74x,
 // GQA 1 at 0.67x.
 constexpr int32_t kAmxMinGroup = 8;
 }  // namespace
@@ -69,7 +69,9 @@ Status select_simd_target(const std::string& target) {
 // must be that one.
 bool amx_serves(const CacheGeometry& g) {
   const AmxUse use = g_amx_use.load(std::memory_order_relaxed);
-  if (g.dtype != DType::kBFloat16 || use == AmxUse::kNone || !amx::available()) return false;
+  // bf16, and fp8 widened to bf16 exactly; fp32 and fp16 would lose bits.
+  const bool tiles_hold_it = g.dtype == DType::kBFloat16 || is_fp8(g.dtype);
+  if (!tiles_hold_it || use == AmxUse::kNone || !amx::available()) return false;
   if (use == AmxUse::kWhereFaster && g.group_size() < kAmxMinGroup) return false;
   return std::strcmp(simd_target_name(), "AVX3") == 0;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/amx_tiles.h"
+#include "pagoda/backend.h"
 #include "pagoda/cpu_targets.h"
 #include "pagoda/host_convert.h"
 #include "reference/decode_table.h"
@@ -148,6 +149,11 @@ TEST_F(Amx, BestServesBf16CachesFromGqa8AmxEveryOneAndAvx3None) {
   EXPECT_FALSE(cpu::amx_serves(gqa4)) << "four rows per position leave a 16-row tile mostly idle";
   EXPECT_EQ(cpu::kernel_target_name(gqa4), "AVX3");
   EXPECT_FALSE(cpu::amx_serves(fp16)) << "fp16 would lose 3 bits in bf16 tiles";
+  for (const DType fp8 : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    CacheGeometry f = g;
+    f.dtype = fp8;
+    EXPECT_TRUE(cpu::amx_serves(f)) << "fp8 widens to bf16 exactly";
+  }
   ASSERT_TRUE(cpu::select_simd_target("amx").ok());
   EXPECT_TRUE(cpu::amx_serves(g));
   EXPECT_TRUE(cpu::amx_serves(gqa4));
@@ -157,6 +163,26 @@ TEST_F(Amx, BestServesBf16CachesFromGqa8AmxEveryOneAndAvx3None) {
   EXPECT_EQ(cpu::kernel_target_name(g), "AVX3");
   ASSERT_TRUE(cpu::select_simd_target("avx2").ok());
   EXPECT_FALSE(cpu::amx_serves(g));
+}
+
+// GetConfig's device_name is the backend's: it says which kernel decodes.
+TEST_F(Amx, TheBackendsDeviceNameSaysTheTilesServe) {
+  BackendOptions o;
+  o.kind = "cpu";
+  o.cpu_threads = 1;
+  o.geometry.num_layers = 1;
+  o.geometry.num_kv_heads = 1;
+  o.geometry.num_q_heads = 8;
+  o.geometry.head_dim = 128;
+  o.geometry.dtype = DType::kBFloat16;
+  o.geometry.num_blocks = 4;
+  auto tiles = make_backend(o);
+  ASSERT_TRUE(tiles.ok()) << tiles.status().message();
+  EXPECT_NE((*tiles)->device_name().find("(AVX3+AMX-BF16, 1 threads)"), std::string::npos) << (*tiles)->device_name();
+  o.cpu_target = "avx3";
+  auto fmas = make_backend(o);
+  ASSERT_TRUE(fmas.ok()) << fmas.status().message();
+  EXPECT_NE((*fmas)->device_name().find("(AVX3, 1 threads)"), std::string::npos) << (*fmas)->device_name();
 }
 
 // Both paths of one bf16 cache, multi-token rows with a window: each within

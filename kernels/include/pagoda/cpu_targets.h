@@ -26,8 +26,8 @@ Status select_simd_target(const std::string& target);
 // the matrix units serve it (amx_serves), e.g. "AVX3+AMX-BF16".
 std::string kernel_target_name(const CacheGeometry& g);
 
-// Whether decodes of geometry g take the AMX path (bf16 tiles): a bf16 cache
-// on a CPU with AMX-BF16, with 8 or more query heads per KV head under "best"
+// Whether decodes of geometry g take the AMX path (bf16 tiles): a bf16 or
+// fp8 cache (fp8 widens to bf16 exactly) on a CPU with AMX-BF16, with 8 or more query heads per KV head under "best"
 // or any under "amx". A property of the geometry and the process, never of a
 // batch.
 bool amx_serves(const CacheGeometry& g);

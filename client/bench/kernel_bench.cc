@@ -200,7 +200,7 @@ int run(const KernelOptions& o) {
     const std::string target_name = cpu ? cpu::kernel_target_name(g) : "cuda";
     // The compute roof on the same threads and unit (the tiles' on the AMX
     // path), next to the rows it bounds.
-    const double fma_peak = !cpu ? 0.0 : amx ? cpu::measure_amx_peak(report.threads)
+    const double compute_peak = !cpu ? 0.0 : amx ? cpu::measure_amx_peak(report.threads)
                                              : cpu::measure_fma_peak(report.threads);
     for (int32_t context : o.contexts) {
       std::vector<int32_t> lengths(o.batch, context);
@@ -235,7 +235,7 @@ int run(const KernelOptions& o) {
             r.q_len = q_len;
             r.window = window;
             r.mode = mode;
-            r.fma_peak = fma_peak;
+            r.compute_peak = compute_peak;
             r.compute = amx ? "amx" : "fma";
             r.flops = launch_flops(g, o.batch, context, q_len, window);
             // The twins first (or the only row without --shared-prefix), then the forks.

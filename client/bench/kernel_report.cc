@@ -23,11 +23,11 @@ double flops_per_byte(const CacheGeometry& g) {
 
 double KernelReport::roofline_seconds(const KernelRow& r) const {
   const double memory = r.kv_bytes / r.baseline;
-  return r.fma_peak > 0 ? std::max(memory, r.flops / r.fma_peak) : memory;
+  return r.compute_peak > 0 ? std::max(memory, r.flops / r.compute_peak) : memory;
 }
 
 const char* KernelReport::bound(const KernelRow& r) const {
-  return r.fma_peak > 0 && r.flops / r.fma_peak > r.kv_bytes / r.baseline ? r.compute.c_str() : "memory";
+  return r.compute_peak > 0 && r.flops / r.compute_peak > r.kv_bytes / r.baseline ? r.compute.c_str() : "memory";
 }
 
 void print_table(const KernelReport& rep) {
@@ -47,7 +47,7 @@ void print_table(const KernelReport& rep) {
         "{:>13} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>6} "
         "{:>8.1f}x {:>8.2f}x\n",
         r.target, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens, r.kernel_s * 1e6,
-        r.bandwidth() / 1e9, r.baseline / 1e9, r.bandwidth() / r.baseline, r.fma_peak / 1e9,
+        r.bandwidth() / 1e9, r.baseline / 1e9, r.bandwidth() / r.baseline, r.compute_peak / 1e9,
         rep.fraction_of_roofline(r), rep.bound(r), r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0,
         r.unshared_s > 0 ? r.unshared_s / r.kernel_s : 0.0);
   }
@@ -71,7 +71,7 @@ void print_json(const KernelReport& rep) {
                "\"unshared_us\": {:.2f}, \"speedup_over_unshared\": {:.3f}}}",
                i ? ", " : "", r.target, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens,
                r.kernel_s * 1e6, r.kv_bytes, r.flops, r.bandwidth() / 1e9, r.baseline / 1e9,
-               r.bandwidth() / r.baseline, r.fma_peak / 1e9, r.compute, rep.roofline_seconds(r) * 1e6,
+               r.bandwidth() / r.baseline, r.compute_peak / 1e9, r.compute, rep.roofline_seconds(r) * 1e6,
                rep.fraction_of_roofline(r), rep.bound(r), r.naive_s * 1e6,
                r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0, r.unshared_s * 1e6,
                r.unshared_s > 0 ? r.unshared_s / r.kernel_s : 0.0);

@@ -13,6 +13,7 @@
 #include "pagoda/host_convert.h"
 #include "cpu/cpu_backend_impl.h"
 #include "cpu/decode_cpu.h"
+#include "pagoda/cpu_targets.h"
 #include "pagoda/softmax_state.h"
 #include "pagoda/vocabulary.h"
 
@@ -62,7 +63,7 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
   q32_.resize(static_cast<size_t>(q_elems));
   convert_to_float(launch.q, launch.q_dtype, q32_.data(), q_elems);
   const float qscale = plan_.constants().q_scale * fp8_read_factor(g.dtype);
-  amx_ = uses_amx(g);
+  amx_ = amx_serves(g);
   score_scale_ = amx_ ? qscale : 1.f;
   if (!amx_) {
     for (float& x : q32_) x *= qscale;

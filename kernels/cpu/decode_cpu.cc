@@ -776,7 +776,7 @@ template <int kD>
 void partial_for_dtype(const PartialTask& t) {
   constexpr int kDv = v_head_dim_for(kD);
   if (t.amx) {
-    // Set only where the dispatched target is AVX3 (uses_amx).
+    // Set only where the dispatched target is AVX3 (amx_serves).
 #if HWY_TARGET == HWY_AVX3
     switch (t.geometry->dtype) {
       case DType::kBFloat16: return partial_amx<hwy::bfloat16_t, kD, kDv>(t);

@@ -69,7 +69,7 @@ struct PartialTask {
   // 0: q is scaled by scale * log2(e) and scores are used as they are.
   // c > 0: q is scaled by scale, and each score s becomes c * tanh(s / c) * log2(e).
   float soft_cap = 0.f;
-  // The bf16 cache's matrix-unit path (uses_amx): q is then as given (not
+  // The bf16 cache's matrix-unit path (amx_serves in pagoda/cpu_targets.h): q is then as given (not
   // scaled) and each score is multiplied by score_scale after the bf16
   // multiply, so a q that is bf16 on the wire reaches the tiles exactly.
   bool amx = false;
@@ -106,11 +106,6 @@ inline int64_t partial_scratch_floats(int32_t rows, int32_t head_dim) {
   return rows_pad * kSubBlockTokens + rows_pad * static_cast<int64_t>(head_dim) + kTileTokens * head_dim +
          rows_pad * head_dim + 16 * static_cast<int64_t>(head_dim) + 256;
 }
-
-// Whether decodes of geometry g take the matrix-unit path (amx_serves in
-// pagoda/cpu_targets.h). A property of the geometry and the process, never of
-// a batch: every decode of a server takes the same path.
-bool uses_amx(const CacheGeometry& g);
 
 void compute_partial(const PartialTask& task);
 

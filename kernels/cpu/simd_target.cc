@@ -76,8 +76,6 @@ bool amx_serves(const CacheGeometry& g) {
   return std::strcmp(simd_target_name(), "AVX3") == 0;
 }
 
-bool uses_amx(const CacheGeometry& g) { return amx_serves(g); }
-
 std::string kernel_target_name(const CacheGeometry& g) {
   return amx_serves(g) ? std::string(simd_target_name()) + "+AMX-BF16" : std::string(simd_target_name());
 }

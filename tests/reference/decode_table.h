@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <iterator>
 #include <ostream>
 #include <string>
@@ -90,15 +89,6 @@ enum class Arithmetic { kFp32, kBf16Tiles };
 //    (weights under 2^-126 flush to zero: at most n 2^-126, below fp32's
 //    resolution of o).
 // They add to the fp32 allowance and the output rounding of bounds_for.
-// q as the tiles read it: rounded to nearest even bf16 (bf16 is fp32's top 16 bits).
-inline float round_to_bf16(float x) {
-  uint32_t bits = 0;
-  std::memcpy(&bits, &x, sizeof(bits));
-  if ((bits & 0x7F800000u) != 0x7F800000u) bits += 0x7FFFu + ((bits >> 16) & 1u);  // finite: round
-  bits &= 0xFFFF0000u;
-  std::memcpy(&x, &bits, sizeof(bits));
-  return x;
-}
 inline double tile_score_error(const ReferenceResult& want, size_t row) {
   const double nu = (want.head_dim + 1) * 0x1p-24;
   return nu / (1 - nu) * want.score_abs[row];
@@ -177,33 +167,49 @@ inline std::vector<DecodeCase> decode_table() {
   return cases;
 }
 
+// Bf16 tiles: each output element within out_abs plus its row's
+// tile_output_error (the first miss reported), each LSE within lse_abs(i)
+// plus tile_score_error, and -inf exactly where the reference has no keys.
+template <typename LseAllowance>
+void expect_within_tile_bounds(const std::vector<float>& out, const std::vector<float>& lse,
+                               const ReferenceResult& want, double out_abs, const LseAllowance& lse_abs) {
+  EXPECT_EQ(out.size(), want.out.size());
+  const size_t width = want.out.size() / std::max<size_t>(1, want.lse.size());
+  for (size_t i = 0; i < want.out.size() && i < out.size(); ++i) {
+    const double allowed = out_abs + tile_output_error(want, i / width);
+    if (!(std::abs(out[i] - want.out[i]) <= allowed)) {
+      ADD_FAILURE() << "element " << i << " of row " << i / width << ": " << out[i] << " against " << want.out[i]
+                    << ", allowed " << allowed;
+      break;
+    }
+  }
+  for (size_t i = 0; i < want.lse.size() && i < lse.size(); ++i) {
+    if (std::isinf(want.lse[i])) {
+      EXPECT_EQ(lse[i], -INFINITY) << "row " << i;
+    } else {
+      EXPECT_NEAR(lse[i], want.lse[i], lse_abs(i) + tile_score_error(want, i)) << "row " << i;
+    }
+  }
+}
+
 // Output within the error bounds of q's dtype and free of NaN; LSE within 1e-4
 // (relative beyond 1), -inf exactly where the reference has no keys. Bf16
-// tiles: each element within its row's bound plus tile_output_error, LSE
-// within tile_score_error more.
+// tiles: expect_within_tile_bounds on top of those.
 inline void expect_matches_reference(const std::vector<float>& out, const std::vector<float>& lse,
                                      const ReferenceResult& want, DType q_dtype,
                                      Arithmetic arithmetic = Arithmetic::kFp32) {
   const Bounds bound = bounds_for(q_dtype);
   const ErrorStats e = compare(want.out, out);
-  const bool tiles = arithmetic == Arithmetic::kBf16Tiles;
   EXPECT_FALSE(e.has_nan);
-  if (tiles) {
-    const size_t width = want.out.size() / std::max<size_t>(1, want.lse.size());
-    for (size_t i = 0; i < want.out.size() && i < out.size(); ++i) {
-      const double allowed = bound.max_abs + tile_output_error(want, i / width);
-      ASSERT_LE(std::abs(out[i] - want.out[i]), allowed) << "element " << i << " of row " << i / width;
-    }
-  } else {
-    EXPECT_LE(e.max_abs, bound.max_abs);
-    EXPECT_LE(e.nmse, bound.nmse);
-  }
+  const auto lse_abs = [&](size_t i) { return 1e-4 * std::max(1.0, std::abs(want.lse[i])); };
+  if (arithmetic == Arithmetic::kBf16Tiles) return expect_within_tile_bounds(out, lse, want, bound.max_abs, lse_abs);
+  EXPECT_LE(e.max_abs, bound.max_abs);
+  EXPECT_LE(e.nmse, bound.nmse);
   for (size_t i = 0; i < want.lse.size(); ++i) {
     if (std::isinf(want.lse[i])) {
       EXPECT_EQ(lse[i], -INFINITY) << "row " << i;
     } else {
-      const double extra = tiles ? tile_score_error(want, i) : 0.0;
-      EXPECT_NEAR(lse[i], want.lse[i], 1e-4 * std::max(1.0, std::abs(want.lse[i])) + extra) << "row " << i;
+      EXPECT_NEAR(lse[i], want.lse[i], lse_abs(i)) << "row " << i;
     }
   }
 }

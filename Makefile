@@ -55,12 +55,14 @@ check-deploy: check-deps build
 BENCH_SHAPE = $(BUILD)/client/pagoda-bench kernel --batch 8 --context 4096 --q-heads 32 \
 	  --threads 2 --no-naive --block-size 16
 BENCH_KERNEL = $(BENCH_SHAPE) --target best,avx2
-# The bf16 rows: GQA 8, best (AMX tiles where the CPU has them) against
-# AVX-512 FMAs (avx3) where there is AVX-512;
+# The bf16 rows: GQA 8, best (AMX tiles, else AVX512-BF16 dot products, where
+# the CPU has them) against AVX-512 FMAs (avx3) where there is AVX-512;
 BF16_TARGETS = $(shell grep -qw avx512bw /proc/cpuinfo && echo best,avx3,avx2 || echo best)
-# GQA 4 in bf16: best (the FMAs) against the tiles forced where there is AMX;
-# then latent attention (32 heads over one 576-wide KV head) in bf16.
-BF16_AMX_TARGETS = $(shell grep -qw amx_bf16 /proc/cpuinfo && echo best,amx || echo best)
+# GQA 4 in bf16: best (the FMAs under AMX) against the tiles forced where there
+# is AMX, best (the dot products) against the FMAs where there is AVX512-BF16
+# alone; then latent attention (32 heads over one 576-wide KV head) in bf16.
+BF16_UNIT_TARGETS = $(shell grep -qw amx_bf16 /proc/cpuinfo && echo best,amx || \
+	  { grep -qw avx512_bf16 /proc/cpuinfo && echo best,avx3 || echo best; })
 bench: build
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 128 --dtype fp16 --q-len 1,4
 	$(BENCH_KERNEL) --kv-heads 4 --head-dim 128 --dtype fp16
@@ -68,7 +70,7 @@ bench: build
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 128 --dtype fp8_e5m2
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 64 --dtype fp16
 	$(BENCH_SHAPE) --kv-heads 4 --head-dim 128 --dtype bf16 --q-len 1,4 --target $(BF16_TARGETS)
-	$(BENCH_SHAPE) --kv-heads 8 --head-dim 128 --dtype bf16 --q-len 1,4 --target $(BF16_AMX_TARGETS)
+	$(BENCH_SHAPE) --kv-heads 8 --head-dim 128 --dtype bf16 --q-len 1,4 --target $(BF16_UNIT_TARGETS)
 	$(BENCH_SHAPE) --kv-heads 1 --head-dim 576 --v-head-dim 512 --dtype bf16 --target $(BF16_TARGETS)
 
 # The batching engine in one process, without the gRPC service.

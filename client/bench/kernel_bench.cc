@@ -196,12 +196,14 @@ int run(const KernelOptions& o) {
         return 2;
       }
     }
-    const bool amx = cpu && cpu::amx_serves(g);
+    const cpu::MatrixUnit unit = cpu ? cpu::matrix_unit_for(g) : cpu::MatrixUnit::kNone;
     const std::string target_name = cpu ? cpu::kernel_target_name(g) : "cuda";
-    // The compute roof on the same threads and unit (the tiles' on the AMX
-    // path), next to the rows it bounds.
-    const double compute_peak = !cpu ? 0.0 : amx ? cpu::measure_amx_peak(report.threads)
-                                             : cpu::measure_fma_peak(report.threads);
+    // The compute roof on the same threads and unit (the matrix unit's where
+    // one serves the cache), next to the rows it bounds.
+    const double compute_peak = cpu ? cpu::measure_compute_peak(g, report.threads) : 0.0;
+    const char* compute_unit = unit == cpu::MatrixUnit::kAmx          ? "amx"
+                               : unit == cpu::MatrixUnit::kAvx512Bf16 ? "bf16dot"
+                                                                      : "fma";
     for (int32_t context : o.contexts) {
       std::vector<int32_t> lengths(o.batch, context);
       double naive_s = 0;  // the naive path: one row per sequence, no window
@@ -236,7 +238,7 @@ int run(const KernelOptions& o) {
             r.window = window;
             r.mode = mode;
             r.compute_peak = compute_peak;
-            r.compute = amx ? "amx" : "fma";
+            r.compute = compute_unit;
             r.flops = launch_flops(g, o.batch, context, q_len, window);
             // The twins first (or the only row without --shared-prefix), then the forks.
             for (const bool forks : {false, true}) {
@@ -298,11 +300,12 @@ void add_kernel_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"deterministic", "fast"}));
   sub->add_option("--target", o->targets,
-                  "CPU SIMD targets to run, in order (comma-separated): best (all the CPU has, AMX for bf16 "
-                  "caches of GQA 8 or wider), amx (AMX for every bf16 cache, failing without it), avx3 (AVX-512 "
-                  "FMAs only), avx2")
+                  "CPU SIMD targets to run, in order (comma-separated): best (all the CPU has, AMX or else "
+                  "AVX512-BF16 for bf16 and fp8 caches of GQA 8 or wider), amx (AMX for every bf16 and fp8 cache, "
+                  "failing without it), avx512bf16 (AVX512-BF16 dot products for every bf16 and fp8 cache, failing "
+                  "without them), avx3 (AVX-512 FMAs only), avx2")
       ->delimiter(',')
-      ->check(CLI::IsMember({"best", "amx", "avx3", "avx2"}));
+      ->check(CLI::IsMember({"best", "amx", "avx512bf16", "avx3", "avx2"}));
   sub->add_option("--split-tokens", o->split_tokens, "split-KV chunk length in deterministic mode");
   sub->add_option("--shared-prefix", o->shared_prefix,
                   "tokens every sequence shares with the first (a batch of forks of one parent), timed against the "

@@ -25,7 +25,7 @@ struct KernelRow {
   double flops = 0;        // multiply-adds of q.k and p.v of one launch, 2 FLOPs each
   double baseline = 0;     // read bandwidth measured in this run, bytes/s
   double compute_peak = 0;     // FLOP/s of the compute unit's register-resident loop on the same threads (CPU), 0 if not measured
-  std::string compute = "fma";  // which unit compute_peak measures: "fma" (fp32 FMAs) or "amx" (bf16 tile multiplies)
+  std::string compute = "fma";  // which unit compute_peak measures: "fma" (fp32 FMAs), "amx" (bf16 tile multiplies) or "bf16dot" (AVX512-BF16 dot products)
   double naive_s = 0;      // naive path on the same inputs, 0 if not run
   double unshared_s = 0;   // shared_prefix > 0: the same batch with unshared twins, median of one launch
 

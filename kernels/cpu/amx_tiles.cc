@@ -13,18 +13,15 @@
 #include <chrono>
 #include <cstring>
 
-#include "cpu/decode_tiles.h"
-
-// GCC 12's AVX-512 intrinsics start their results from _mm512_undefined_*(),
-// which -Wuninitialized reports once inlined (GCC bug 105593, fixed in 13).
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "cpu/bf16_blocks_inl.h"
 
 #define PAGODA_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 namespace pagoda::cpu::amx {
+using bf16::kValuesPerTile;
+using bf16::Spread;
+using bf16::transpose16;
+
 namespace {
 
 // Linux's names (asm/prctl.h, uapi): the permission request for dynamically
@@ -38,11 +35,7 @@ bool cpu_has_amx_bf16() {
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
   const bool tile = (d & (1u << 24)) != 0;
   const bool tile_bf16 = (d & (1u << 22)) != 0;
-  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
-  const bool avx512_bf16 = (a & (1u << 5)) != 0;
-  return tile && tile_bf16 && avx512_bf16 && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512dq");
+  return tile && tile_bf16 && bf16::cpu_has_avx512_bf16();
 }
 
 // The kernel must offer the tile data and grant it to the process; a kernel
@@ -77,58 +70,6 @@ const TileConfig kConfig = make_config();
 // Tiles: scores accumulate in 0 and 3, A in 1 and 4, B in 2; P.V accumulates
 // in 0, 3, 5 and 6, A in 1, B in 2, 4 and 7 (peak_one_thread: 0..3
 // accumulators, 4 and 5 operands).
-constexpr int kValuesPerTile = kTileRows * 32;  // bf16 values: 16 rows of 64 bytes
-constexpr int kMaxPairs = 576 / 2;               // the widest head of the vocabulary, in pairs
-
-// rows[0..16) (16 floats each) transposed in registers: out[c][r] = in[r][c].
-PAGODA_AMX_TARGET inline void transpose16(const float* in, __m512 out[16]) {
-  __m512 a[16];
-  __m512 b[16];
-  for (int i = 0; i < 8; ++i) {
-    const __m512 r0 = _mm512_load_ps(in + 32 * i);
-    const __m512 r1 = _mm512_load_ps(in + 32 * i + 16);
-    a[2 * i] = _mm512_unpacklo_ps(r0, r1);
-    a[2 * i + 1] = _mm512_unpackhi_ps(r0, r1);
-  }
-  // b[4i + c], 128-bit lane L: column 4L + c of rows 4i .. 4i + 3.
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x0 = _mm512_castps_pd(a[4 * i]);
-    const __m512d x1 = _mm512_castps_pd(a[4 * i + 1]);
-    const __m512d x2 = _mm512_castps_pd(a[4 * i + 2]);
-    const __m512d x3 = _mm512_castps_pd(a[4 * i + 3]);
-    b[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x2));
-    b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x2));
-    b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(x1, x3));
-    b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(x1, x3));
-  }
-  // Column 4L + c gathers lane L of b[c], b[4 + c], b[8 + c], b[12 + c].
-  for (int c = 0; c < 4; ++c) {
-    const __m512 e0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x88);
-    const __m512 e1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xDD);
-    const __m512 f0 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88);
-    const __m512 f1 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xDD);
-    out[c] = _mm512_shuffle_f32x4(e0, f0, 0x88);
-    out[8 + c] = _mm512_shuffle_f32x4(e0, f0, 0xDD);
-    out[4 + c] = _mm512_shuffle_f32x4(e1, f1, 0x88);
-    out[12 + c] = _mm512_shuffle_f32x4(e1, f1, 0xDD);
-  }
-}
-
-// Issues `requests` in `steps` near-equal parts, one per tick().
-class Spread {
- public:
-  Spread(Requests r, int64_t steps) : r_(r), per_(r.prefetch ? (r.lines + steps - 1) / steps : 0) {}
-  void tick() {
-    if (per_ == 0 || r_.lines <= 0) return;
-    const int64_t n = std::min(per_, r_.lines);
-    r_.prefetch->step(n);
-    r_.lines -= n;
-  }
-
- private:
-  Requests r_;
-  int64_t per_;
-};
 
 }  // namespace
 
@@ -144,23 +85,6 @@ PAGODA_AMX_TARGET void release_tiles() { _tile_release(); }
 
 TileScope::TileScope() { load_config(); }
 TileScope::~TileScope() { release_tiles(); }
-
-PAGODA_AMX_TARGET void pack_q(const float* const* q, int32_t d, uint16_t* qb) {
-  // Row r's q as bf16 pairs (one 32-bit word per pair), then word k of every
-  // row side by side: tile c, row k holds pair 16c + k of rows 0..15.
-  alignas(64) uint32_t pairs[kTileRows][kMaxPairs];
-  for (int r = 0; r < kTileRows; ++r) {
-    for (int32_t e = 0; e < d; e += 32) {
-      const __m512bh bf = q[r] ? _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q[r] + e + 16), _mm512_loadu_ps(q[r] + e))
-                               : reinterpret_cast<__m512bh>(_mm512_setzero_si512());
-      std::memcpy(&pairs[r][e / 2], &bf, sizeof(bf));
-    }
-  }
-  auto* words = reinterpret_cast<uint32_t*>(qb);
-  for (int32_t k = 0; k < d / 2; ++k) {
-    for (int r = 0; r < kTileRows; ++r) words[k * kTileRows + r] = pairs[r][k];
-  }
-}
 
 PAGODA_AMX_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows,
                               float scale, float* out, int64_t out_stride, Requests requests) {
@@ -192,45 +116,6 @@ PAGODA_AMX_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* keys
     float* o = out + gi * kTileRows;
     for (int32_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(o + r * out_stride, live, _mm512_mul_ps(s[r], vs));
     spread.tick();
-  }
-}
-
-PAGODA_AMX_TARGET void pack_v(const uint16_t* const* v, int32_t dv, uint16_t* vb, Requests requests) {
-  Spread spread(requests, kPvKeys / 2);
-  // 64-bit lanes of (unpacklo, unpackhi) that hold elements 0..15 and 16..31 of a
-  // 32-element stretch, in order, as pairs.
-  const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-  const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-  for (int k = 0; k < kPvKeys / 2; ++k) {
-    const uint16_t* v0 = v[2 * k];
-    const uint16_t* v1 = v[2 * k + 1];
-    for (int32_t c = 0; c < dv / 32; ++c) {
-      const __m512i x0 = v0 ? _mm512_loadu_si512(v0 + 32 * c) : _mm512_setzero_si512();
-      const __m512i x1 = v1 ? _mm512_loadu_si512(v1 + 32 * c) : _mm512_setzero_si512();
-      const __m512i lo = _mm512_unpacklo_epi16(x0, x1);
-      const __m512i hi = _mm512_unpackhi_epi16(x0, x1);
-      uint16_t* t0 = vb + static_cast<int64_t>(2 * c) * kValuesPerTile + k * 32;
-      _mm512_storeu_si512(t0, _mm512_permutex2var_epi64(lo, first, hi));
-      _mm512_storeu_si512(t0 + kValuesPerTile, _mm512_permutex2var_epi64(lo, second, hi));
-    }
-    spread.tick();
-  }
-}
-
-PAGODA_AMX_TARGET void pack_p(const float* const* p, const int32_t* begin, const int32_t* end, int32_t rows,
-                              uint16_t* pa) {
-  for (int32_t r = 0; r < kTileRows; ++r) {
-    uint16_t* row = pa + r * kPvKeys;
-    if (r >= rows || begin[r] >= end[r]) {
-      _mm512_storeu_si512(row, _mm512_setzero_si512());
-      continue;
-    }
-    const uint32_t below_end = end[r] >= 32 ? ~0u : (1u << end[r]) - 1;
-    const uint32_t live = below_end & ~((1u << begin[r]) - 1);
-    const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>(live), p[r]);
-    const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>(live >> 16), p[r] + 16);
-    const __m512bh bf = _mm512_cvtne2ps_pbh(hi, lo);
-    std::memcpy(row, &bf, sizeof(bf));
   }
 }
 

@@ -20,24 +20,18 @@
 
 #include <cstdint>
 
-namespace pagoda::cpu {
-class LinePrefetch;
-}
+#include "cpu/bf16_blocks.h"
 
 namespace pagoda::cpu::amx {
 
-// Cache lines to request while a function below runs, spread over its steps:
-// the tile multiplies are short, and requests issued in one burst before them
-// would leave the memory idle while they run.
-struct Requests {
-  LinePrefetch* prefetch = nullptr;
-  int64_t lines = 0;
-};
-
-// Rows of a tile: query rows per block, keys per score step.
-inline constexpr int kTileRows = 16;
-// Keys per P.V step: 16 pairs.
-inline constexpr int kPvKeys = 32;
+// The operands are packed as bf16_blocks.h lays them out.
+using bf16::KeyRows;
+using bf16::kPvKeys;
+using bf16::kTileRows;
+using bf16::pack_p;
+using bf16::pack_q;
+using bf16::pack_v;
+using bf16::Requests;
 
 // Whether this CPU has AMX-TILE, AMX-BF16 and AVX512-BF16 and the kernel lets
 // this process use the tile data (arch_prctl ARCH_REQ_XCOMP_PERM). Asked once.
@@ -54,34 +48,10 @@ class TileScope {
   TileScope& operator=(const TileScope&) = delete;
 };
 
-// q of up to 16 rows (q[r] null past the rows: zero) as the B tiles of the
-// scores, one per 32 elements of d: qb[c][k][r][i] = bf16(q[r][32c + 2k + i]),
-// rounded to nearest even. d is a multiple of 32; qb holds 16 * d values.
-void pack_q(const float* const* q, int32_t d, uint16_t* qb);
-
-// Up to 16 key rows where they lie: d bf16 values each, `stride` bytes
-// apart, all 16 readable and finite (a short run is copied beside zero rows);
-// the first n are scored.
-struct KeyRows {
-  const uint16_t* k;
-  int64_t stride;
-  int32_t n;
-};
-
 // out[r * out_stride + 16 g + j] = scale * (q[r] . keys[g][j]) for r < rows, g
 // < groups (1 or 2) and j < keys[g].n, q packed by pack_q.
 void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows, float scale, float* out,
             int64_t out_stride, Requests requests = {});
-
-// 32 V rows (v[j] null: a zero row) as the B tiles of P.V, one per 16 output
-// elements: vb[t][k][e][i] = v[2k + i][16t + e]. dv is a multiple of 32; vb
-// holds 32 * dv values.
-void pack_v(const uint16_t* const* v, int32_t dv, uint16_t* vb, Requests requests = {});
-
-// The A tile of 16 rows' weights over 32 keys: pa[r][j] = bf16(p[r][j]) for j
-// in [begin[r], end[r]), else 0; rows from `rows` on are zero. Reads p[r][0..32)
-// only where the range covers it.
-void pack_p(const float* const* p, const int32_t* begin, const int32_t* end, int32_t rows, uint16_t* pa);
 
 // acc[r * acc_stride + e] += sum over j of pa[r][j] * v[j][e], for all 16 rows
 // (each readable and writable) and e < dv; with `first`, acc is not read (=

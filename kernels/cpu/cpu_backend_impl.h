@@ -109,7 +109,7 @@ class CpuStream final : public BackendStream {
   std::vector<CpuTask> tasks_;
   std::vector<TaskPosition> positions_;  // the tasks' positions, task by task
   std::vector<float> q32_;               // [rows, num_q_heads, head_dim] scaled (unscaled on the AMX path)
-  bool amx_ = false;                     // this launch runs the AMX path (amx_serves)
+  MatrixUnit unit_ = MatrixUnit::kNone;  // this launch's bf16 matrix unit (matrix_unit_for)
   float score_scale_ = 1.f;              // the AMX path's factor on each score
   std::vector<float> stats_;             // [2][partial rows]: m, then l
   std::vector<float> accs_;              // [partial rows, head_dim]

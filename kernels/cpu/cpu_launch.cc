@@ -55,17 +55,17 @@ float* CpuStream::thread_scratch(int64_t floats) {
 }
 
 // q goes to fp32 once, times the plan's factor (and the fp8 read factor of
-// decode_cpu.h: e4m3 is read as 2^-8 of its value). On the AMX path the factor
-// multiplies the scores instead, so q reaches the bf16 tiles as it came.
+// decode_cpu.h: e4m3 is read as 2^-8 of its value). On a matrix unit the factor
+// multiplies the scores instead, so q reaches the bf16 multiplies as it came.
 void CpuStream::load_q(const DecodeLaunch& launch) {
   const CacheGeometry& g = backend_.geometry();
   const int64_t q_elems = static_cast<int64_t>(launch.total_rows()) * g.num_q_heads * g.head_dim;
   q32_.resize(static_cast<size_t>(q_elems));
   convert_to_float(launch.q, launch.q_dtype, q32_.data(), q_elems);
   const float qscale = plan_.constants().q_scale * fp8_read_factor(g.dtype);
-  amx_ = amx_serves(g);
-  score_scale_ = amx_ ? qscale : 1.f;
-  if (!amx_) {
+  unit_ = matrix_unit_for(g);
+  score_scale_ = unit_ != MatrixUnit::kNone ? qscale : 1.f;
+  if (unit_ == MatrixUnit::kNone) {
     for (float& x : q32_) x *= qscale;
   }
 }
@@ -128,7 +128,7 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   t.heads = task.heads;
   t.position = positions_.data() + task.first_position;
   t.soft_cap = plan_.constants().soft_cap;
-  t.amx = amx_;
+  t.unit = unit_;
   t.score_scale = score_scale_;
   t.m = stats_.data();
   t.l = stats_.data() + plan_.partial_rows();

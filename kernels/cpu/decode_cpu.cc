@@ -21,6 +21,7 @@
 #include <hwy/highway.h>
 
 #include "cpu/amx_tiles.h"
+#include "cpu/bf16_dot.h"
 #include "cpu/decode_cpu.h"
 #include "cpu/decode_tiles.h"
 #include "pagoda/softmax_state.h"
@@ -631,19 +632,46 @@ HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_
   }
 }
 
-// A bf16 or fp8 cache on AMX (amx_tiles.h): the sub-blocks, softmax and merge of
-// partial_impl, with Q.K^T and P.V as tile multiplies of bf16 inputs and fp32
+// The two matrix units behind one interface: AMX tiles (amx_tiles.h) and
+// AVX512-BF16 dot products (bf16_dot.h), on the same packed operands
+// (bf16_blocks.h). The tiles work on all 16 rows of a block; the dot products
+// skip the padding rows.
+struct AmxUnit {
+  using Scope = amx::TileScope;
+  static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
+                     float scale, float* out, int64_t out_stride, bf16::Requests requests) {
+    amx::scores(qb, d, keys, groups, rows, scale, out, out_stride, requests);
+  }
+  static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride,
+                         int32_t /*rows*/, bool first) {
+    amx::accumulate(pa, vb, dv, acc, acc_stride, first);
+  }
+};
+struct DotUnit {
+  struct Scope {};  // no per-thread state
+  static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
+                     float scale, float* out, int64_t out_stride, bf16::Requests requests) {
+    bf16dot::scores(qb, d, keys, groups, rows, scale, out, out_stride, requests);
+  }
+  static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride,
+                         int32_t rows, bool first) {
+    bf16dot::accumulate(pa, vb, dv, acc, acc_stride, rows, first);
+  }
+};
+
+// A bf16 or fp8 cache on a matrix unit: the sub-blocks, softmax and merge of
+// partial_impl, with Q.K^T and P.V as multiplies of bf16 inputs and fp32
 // accumulation. q is rounded to bf16 once per task (exact for a bf16 q: the
 // scale comes after the multiply), each weight once per use, as FlashAttention
 // does on tensor cores. Rows go in blocks of 16, padding rows zero. P.V visits
 // keys in groups of 32 on a grid anchored at the sub-block's start, each row's
 // weights zero outside its own keys: a row's sums run over the same groups in
 // the same order alone, among other positions or in a shared chunk.
-template <typename T, int kD, int kDv>
-void partial_amx(const PartialTask& t) {
+template <class Unit, typename T, int kD, int kDv>
+void partial_bf16_unit(const PartialTask& t) {
   constexpr bool kBf16 = std::is_same_v<T, hwy::bfloat16_t>;
-  using amx::kPvKeys;
-  using amx::kTileRows;
+  using bf16::kPvKeys;
+  using bf16::kTileRows;
   const CacheGeometry& g = *t.geometry;
   const int32_t rows = t.positions * t.heads;
   const int32_t blocks = (rows + kTileRows - 1) / kTileRows;
@@ -673,10 +701,10 @@ void partial_amx(const PartialTask& t) {
       const int32_t r = b * kTileRows + i;
       q[i] = r < rows ? t.position[r / t.heads].q + static_cast<int64_t>(r % t.heads) * kD : nullptr;
     }
-    amx::pack_q(q, kD, qb + static_cast<int64_t>(b) * kTileRows * kD);
+    bf16::pack_q(q, kD, qb + static_cast<int64_t>(b) * kTileRows * kD);
   }
 
-  const amx::TileScope tiles;
+  const typename Unit::Scope unit_state;
   SoftmaxStats<float> stats[kMaxTaskRows];
   const uint16_t* v_rows[kPvKeys];
   const float* p_rows[kTileRows];
@@ -690,7 +718,7 @@ void partial_amx(const PartialTask& t) {
     // run has 16, else copied beside zero rows (the second group only after a
     // whole first one: its scores land 16 positions on).
     for (int64_t pos = span.begin; pos < span.end;) {
-      amx::KeyRows groups[2];
+      bf16::KeyRows groups[2];
       int32_t count = 0;
       int64_t at = pos;
       while (count < 2 && at < span.end && (count == 0 || groups[0].n == kTileRows)) {
@@ -714,8 +742,8 @@ void partial_amx(const PartialTask& t) {
       // The first block requests this stretch's worth of lines as it goes.
       prefetch.consumed((at - pos) * kLinesPerRow);
       for (int32_t b = 0; b < blocks; ++b) {
-        const amx::Requests requests{&prefetch, b == 0 ? (at - pos) * kLinesPerRow : 0};
-        amx::scores(qb + static_cast<int64_t>(b) * kTileRows * kD, kD, groups, count,
+        const bf16::Requests requests{&prefetch, b == 0 ? (at - pos) * kLinesPerRow : 0};
+        Unit::scores(qb + static_cast<int64_t>(b) * kTileRows * kD, kD, groups, count,
                     std::min(kTileRows, rows - b * kTileRows), t.score_scale,
                     scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens + (pos - base), kSubBlockTokens,
                     requests);
@@ -746,7 +774,7 @@ void partial_amx(const PartialTask& t) {
         pos += n;
       }
       prefetch.consumed((hi - lo) * kLinesPerRow);
-      amx::pack_v(v_rows, kDv, vb, {&prefetch, (hi - lo) * kLinesPerRow});
+      bf16::pack_v(v_rows, kDv, vb, {&prefetch, (hi - lo) * kLinesPerRow});
       for (int32_t b = 0; b < blocks; ++b) {
         const int32_t live = std::min(kTileRows, rows - b * kTileRows);
         bool any = false;
@@ -760,8 +788,8 @@ void partial_amx(const PartialTask& t) {
           any = any || p_begin[i] < p_end[i];
         }
         if (!any) continue;  // all weights zero: the sums would not change
-        amx::pack_p(p_rows, p_begin, p_end, live, pa);
-        amx::accumulate(pa, vb, kDv, sub_acc + static_cast<int64_t>(b) * kTileRows * kDv, kDv, !started[b]);
+        bf16::pack_p(p_rows, p_begin, p_end, live, pa);
+        Unit::accumulate(pa, vb, kDv, sub_acc + static_cast<int64_t>(b) * kTileRows * kDv, kDv, live, !started[b]);
         started[b] = true;
       }
       prefetch.catch_up();
@@ -769,25 +797,31 @@ void partial_amx(const PartialTask& t) {
     merge_sub_block(t, stats, sub_acc, kDv);
   }
 }
+
+template <class Unit, int kD, int kDv>
+void partial_for_unit(const PartialTask& t) {
+  switch (t.geometry->dtype) {
+    case DType::kBFloat16: return partial_bf16_unit<Unit, hwy::bfloat16_t, kD, kDv>(t);
+    case DType::kFloat8E4M3: return partial_bf16_unit<Unit, Fp8E4M3Bits, kD, kDv>(t);
+    case DType::kFloat8E5M2: return partial_bf16_unit<Unit, Fp8E5M2Bits, kD, kDv>(t);
+    case DType::kFloat32:
+    case DType::kFloat16: break;  // never on a matrix unit (matrix_unit_for)
+  }
+  HWY_ABORT("the matrix-unit path reached a cache of dtype %d", static_cast<int>(t.geometry->dtype));
+}
 #endif
 
 // V's width is the one vocabulary.h pairs with kD.
 template <int kD>
 void partial_for_dtype(const PartialTask& t) {
   constexpr int kDv = v_head_dim_for(kD);
-  if (t.amx) {
-    // Set only where the dispatched target is AVX3 (amx_serves).
+  if (t.unit != MatrixUnit::kNone) {
+    // Set only where the dispatched target is AVX3 (matrix_unit_for).
 #if HWY_TARGET == HWY_AVX3
-    switch (t.geometry->dtype) {
-      case DType::kBFloat16: return partial_amx<hwy::bfloat16_t, kD, kDv>(t);
-      case DType::kFloat8E4M3: return partial_amx<Fp8E4M3Bits, kD, kDv>(t);
-      case DType::kFloat8E5M2: return partial_amx<Fp8E5M2Bits, kD, kDv>(t);
-      case DType::kFloat32:
-      case DType::kFloat16: break;  // never on the tiles (amx_serves)
-    }
-    HWY_ABORT("the AMX path reached a cache of dtype %d", static_cast<int>(t.geometry->dtype));
+    if (t.unit == MatrixUnit::kAmx) return partial_for_unit<AmxUnit, kD, kDv>(t);
+    return partial_for_unit<DotUnit, kD, kDv>(t);
 #else
-    HWY_ABORT("the AMX path reached target %s", hwy::TargetName(HWY_TARGET));
+    HWY_ABORT("the matrix-unit path reached target %s", hwy::TargetName(HWY_TARGET));
 #endif
   }
   switch (t.geometry->dtype) {

@@ -69,10 +69,11 @@ struct PartialTask {
   // 0: q is scaled by scale * log2(e) and scores are used as they are.
   // c > 0: q is scaled by scale, and each score s becomes c * tanh(s / c) * log2(e).
   float soft_cap = 0.f;
-  // The bf16 cache's matrix-unit path (amx_serves in pagoda/cpu_targets.h): q is then as given (not
-  // scaled) and each score is multiplied by score_scale after the bf16
-  // multiply, so a q that is bf16 on the wire reaches the tiles exactly.
-  bool amx = false;
+  // The bf16 cache's matrix unit (matrix_unit_for in pagoda/cpu_targets.h):
+  // with one, q is as given (not scaled) and each score is multiplied by
+  // score_scale after the bf16 multiply, so a q that is bf16 on the wire
+  // reaches the unit exactly.
+  MatrixUnit unit = MatrixUnit::kNone;
   float score_scale = 1.f;
 
   // Out, row (p, h) at index position[p].partial + h:

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu/amx_tiles.h"
+#include "cpu/bf16_dot.h"
 #include "cpu/decode_cpu.h"
 
 namespace pagoda::cpu {
@@ -16,25 +17,34 @@ namespace pagoda::cpu {
 double fma_peak_one_thread();  // decode_cpu.cc, per target
 
 namespace {
-// Which bf16 caches take the AMX path: "best" those where it is the faster
-// (kAmxMinGroup), "amx" every one, "avx3" and "avx2" none.
-enum class AmxUse { kWhereFaster, kEvery, kNone };
-std::atomic<AmxUse> g_amx_use{AmxUse::kWhereFaster};
+// Which bf16 caches take a matrix unit: "best" those where it is the faster
+// (kAmxMinGroup, kDotMinGroup*), "amx" or "avx512bf16" every one on that unit, "avx3" and
+// "avx2" none.
+enum class UnitUse { kWhereFaster, kEveryAmx, kEveryDot, kNone };
+std::atomic<UnitUse> g_unit_use{UnitUse::kWhereFaster};
 
-// From 8 query heads per KV head, where a 16-row tile holds 8 or more rows per
-// position. Measured on a 2-vCPU Sapphire Rapids guest (bf16, head_dim 128,
-// 8 x 4096 tokens, 2 threads) against the AVX-512 FMAs: GQA 8 at 1.2-1.4x
+// From 8 query heads per KV head, where a 16-row tile holds 8 or more rows
+// per position. Measured on a 2-vCPU Sapphire Rapids guest (bf16, head_dim
+// 128, 8 x 4096 tokens, 2 threads) against the AVX-512 FMAs: GQA 8 at 1.2-1.4x
 // their speed for one query row and 2.2-2.6x for four, MLA's 128 heads at
 // 2.9x; GQA 4 at 0.6-1.0x for one row (1.5-1.9x for four), GQA 2 at 0.74x,
 // GQA 1 at 0.67x.
 constexpr int32_t kAmxMinGroup = 8;
+// The dot products skip a block's padding rows in P.V and score 8 rows in
+// half-width vectors, so a bf16 cache gains from GQA 4. Measured on a 2-vCPU
+// AMD EPYC (Zen 4) guest, same shape, against the AVX-512 FMAs: bf16 GQA 4 at
+// 0.9x for one query row and 1.7x for four, GQA 8 at 1.0x and 1.9x; fp8 e4m3
+// GQA 8 at 1.0x and 1.6x, but GQA 4 at 0.64x for one row (its FMA path reads
+// the bytes in place, the dot products widen each tile to bf16 first).
+constexpr int32_t kDotMinGroupBf16 = 4;
+constexpr int32_t kDotMinGroupFp8 = 8;
 }  // namespace
 
 Status select_simd_target(const std::string& target) {
   // Targets better than AVX2 on x86 (AVX3_DL is not compiled in, see decode_cpu.cc).
   const int64_t above_avx2 = HWY_AVX3 | HWY_AVX3_DL;
   hwy::SetSupportedTargetsForTest(0);  // back to what the CPU has
-  g_amx_use = AmxUse::kWhereFaster;
+  g_unit_use = UnitUse::kWhereFaster;
   const int64_t supported = hwy::SupportedTargets();
   if (target == "best") return Status::Ok();
   if (target == "amx") {
@@ -43,7 +53,16 @@ Status select_simd_target(const std::string& target) {
                     "target: expected a CPU with AMX-BF16, AMX-TILE and AVX512-BF16 whose kernel grants the tile "
                     "data for 'amx', this CPU or kernel has none");
     }
-    g_amx_use = AmxUse::kEvery;
+    g_unit_use = UnitUse::kEveryAmx;
+    return Status::Ok();
+  }
+  if (target == "avx512bf16") {
+    if (!bf16dot::available() || (supported & HWY_AVX3) == 0) {
+      return Status(StatusCode::kFailedPrecondition,
+                    "target: expected a CPU with AVX512-BF16 (and AVX-512 F, VL, DQ, BW) for 'avx512bf16', this CPU "
+                    "has none");
+    }
+    g_unit_use = UnitUse::kEveryDot;
     return Status::Ok();
   }
   if (target == "avx3") {
@@ -51,7 +70,7 @@ Status select_simd_target(const std::string& target) {
       return Status(StatusCode::kFailedPrecondition,
                     "target: expected a CPU with AVX-512 (F, VL, DQ, BW) for 'avx3', this CPU has none");
     }
-    g_amx_use = AmxUse::kNone;
+    g_unit_use = UnitUse::kNone;
     return Status::Ok();
   }
   if (target == "avx2") {
@@ -59,28 +78,50 @@ Status select_simd_target(const std::string& target) {
       return Status(StatusCode::kFailedPrecondition, "target: expected a CPU with AVX2 for 'avx2', this CPU has none");
     }
     hwy::SetSupportedTargetsForTest(supported & ~above_avx2);
-    g_amx_use = AmxUse::kNone;
+    g_unit_use = UnitUse::kNone;
     return Status::Ok();
   }
-  return InvalidArgument("target: expected best, amx, avx3 or avx2, received '{}'", target);
+  return InvalidArgument("target: expected best, amx, avx512bf16, avx3 or avx2, received '{}'", target);
 }
 
-// The AMX kernel is an AVX3 function of decode_cpu.cc: the dispatched target
-// must be that one.
-bool amx_serves(const CacheGeometry& g) {
-  const AmxUse use = g_amx_use.load(std::memory_order_relaxed);
+// Both units are driven by an AVX3 function of decode_cpu.cc: the dispatched
+// target must be that one.
+MatrixUnit matrix_unit_for(const CacheGeometry& g) {
+  const UnitUse use = g_unit_use.load(std::memory_order_relaxed);
   // bf16, and fp8 widened to bf16 exactly; fp32 and fp16 would lose bits.
-  const bool tiles_hold_it = g.dtype == DType::kBFloat16 || is_fp8(g.dtype);
-  if (!tiles_hold_it || use == AmxUse::kNone || !amx::available()) return false;
-  if (use == AmxUse::kWhereFaster && g.group_size() < kAmxMinGroup) return false;
-  return std::strcmp(simd_target_name(), "AVX3") == 0;
+  const bool bf16_holds_it = g.dtype == DType::kBFloat16 || is_fp8(g.dtype);
+  if (!bf16_holds_it || use == UnitUse::kNone) return MatrixUnit::kNone;
+  if (std::strcmp(simd_target_name(), "AVX3") != 0) return MatrixUnit::kNone;
+  const int32_t group = g.group_size();
+  switch (use) {
+    case UnitUse::kEveryAmx: return amx::available() ? MatrixUnit::kAmx : MatrixUnit::kNone;
+    case UnitUse::kEveryDot: return bf16dot::available() ? MatrixUnit::kAvx512Bf16 : MatrixUnit::kNone;
+    case UnitUse::kWhereFaster:
+      if (amx::available()) return group >= kAmxMinGroup ? MatrixUnit::kAmx : MatrixUnit::kNone;
+      if (!bf16dot::available()) return MatrixUnit::kNone;
+      return group >= (is_fp8(g.dtype) ? kDotMinGroupFp8 : kDotMinGroupBf16) ? MatrixUnit::kAvx512Bf16
+                                                                             : MatrixUnit::kNone;
+    case UnitUse::kNone: break;
+  }
+  return MatrixUnit::kNone;
 }
+
+bool amx_serves(const CacheGeometry& g) { return matrix_unit_for(g) == MatrixUnit::kAmx; }
+
+bool bf16_unit_serves(const CacheGeometry& g) { return matrix_unit_for(g) != MatrixUnit::kNone; }
 
 std::string kernel_target_name(const CacheGeometry& g) {
-  return amx_serves(g) ? std::string(simd_target_name()) + "+AMX-BF16" : std::string(simd_target_name());
+  switch (matrix_unit_for(g)) {
+    case MatrixUnit::kAmx: return std::string(simd_target_name()) + "+AMX-BF16";
+    case MatrixUnit::kAvx512Bf16: return std::string(simd_target_name()) + "+AVX512-BF16";
+    case MatrixUnit::kNone: break;
+  }
+  return simd_target_name();
 }
 
 bool amx_available() { return amx::available(); }
+
+bool avx512_bf16_available() { return bf16dot::available(); }
 
 namespace {
 // The sum over `threads` threads of one_thread()'s rate, best of three: a
@@ -107,6 +148,19 @@ double measure_amx_peak(int32_t threads) {
   return amx::available() ? peak_of_threads(threads, &amx::peak_one_thread) : 0.0;
 }
 
+double measure_bf16_dot_peak(int32_t threads) {
+  return bf16dot::available() ? peak_of_threads(threads, &bf16dot::peak_one_thread) : 0.0;
+}
+
 double measure_fma_peak(int32_t threads) { return peak_of_threads(threads, &fma_peak_one_thread); }
+
+double measure_compute_peak(const CacheGeometry& g, int32_t threads) {
+  switch (matrix_unit_for(g)) {
+    case MatrixUnit::kAmx: return measure_amx_peak(threads);
+    case MatrixUnit::kAvx512Bf16: return measure_bf16_dot_peak(threads);
+    case MatrixUnit::kNone: break;
+  }
+  return measure_fma_peak(threads);
+}
 
 }  // namespace pagoda::cpu

@@ -50,8 +50,8 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
   if (!one_of(c.mode, {"deterministic", "fast"})) {
     return InvalidArgument("--mode: expected deterministic or fast, received '{}'", c.mode);
   }
-  if (!one_of(c.cpu_target, {"best", "amx", "avx3", "avx2"})) {
-    return InvalidArgument("--cpu-target: expected best, amx, avx3 or avx2, received '{}'", c.cpu_target);
+  if (!one_of(c.cpu_target, {"best", "amx", "avx512bf16", "avx3", "avx2"})) {
+    return InvalidArgument("--cpu-target: expected best, amx, avx512bf16, avx3 or avx2, received '{}'", c.cpu_target);
   }
   if (!one_of(c.backend, {"auto", "cpu", "cuda"})) {
     return InvalidArgument("--backend: expected auto, cpu or cuda, received '{}'", c.backend);

@@ -51,7 +51,7 @@ struct ServerConfig {
   int64_t tenant_max_sequences = 0;                // a tenant's sequences unless its line says; 0: no limit
   bool allow_shared_memory = false;                // co-located clients may register shared memory
   int32_t threads = 0;                             // CPU backend threads; 0 = all cores
-  std::string cpu_target = "best";                 // CPU kernel target: best, amx, avx3, avx2
+  std::string cpu_target = "best";                 // CPU kernel target: best, amx, avx512bf16, avx3, avx2
   std::string backend = "auto";                    // auto, cpu, cuda
   double drain_timeout = 30;                       // seconds
   double determinism_sample_rate = 0.01;           // fraction of sequences re-checked

@@ -265,12 +265,15 @@ v1::DecodeResponse ServerTest::decode_checked(int32_t layer, const std::vector<u
                       std::vector<float>(v.begin() + b * row, v.begin() + (b + 1) * row));
     }
   }
-  // The server's arithmetic, from the device name it reports: on the CPU's AMX
-  // path (a bf16 cache) q reaches the tiles rounded to bf16, and the output
-  // has the bound of decode_table.h beyond the fp32 tolerance.
+  // The server's arithmetic, from the device name it reports: on a CPU matrix
+  // unit (AMX or AVX512-BF16, a bf16 cache) q reaches the multiplies rounded
+  // to bf16, and the output has the bound of decode_table.h beyond the fp32
+  // tolerance.
   v1::GetConfigResponse config;
   EXPECT_TRUE(session_.config(config).ok());
-  const bool tiles = config.device_name().find("AMX-BF16") != std::string::npos;
+  const std::string& device = config.device_name();
+  const bool tiles =
+      device.find("+AMX-BF16") != std::string::npos || device.find("+AVX512-BF16") != std::string::npos;
   std::vector<float> q_multiplied = q;
   if (tiles) {
     for (float& x : q_multiplied) x = bf16_to_float(float_to_bf16(x));

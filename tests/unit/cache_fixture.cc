@@ -28,7 +28,7 @@ float round_to(float x, DType dtype) {
 }
 
 Arithmetic arithmetic_of(const std::string& backend, const CacheGeometry& g) {
-  return backend == "cpu" && cpu::amx_serves(g) ? Arithmetic::kBf16Tiles : Arithmetic::kFp32;
+  return backend == "cpu" && cpu::bf16_unit_serves(g) ? Arithmetic::kBf16Tiles : Arithmetic::kFp32;
 }
 
 CacheFixture::Queries as_multiplied(const CacheFixture::Queries& q, Arithmetic arithmetic) {

@@ -68,13 +68,14 @@ std::vector<Case> avx2_table() {
 
 INSTANTIATE_TEST_SUITE_P(Table, CpuDecodeAvx2, ::testing::ValuesIn(avx2_table()), case_name);
 
-// The AMX path forced on the bf16 cases best leaves to the FMAs (GQA 1 and
-// 4): the tiles with 1 to 4 rows of 16, short runs (block sizes 1, 3, 7) and
-// every head_dim, within the tiles' bound.
-class CpuDecodeAmx : public ::testing::TestWithParam<Case> {
+// A matrix unit forced on the bf16 cases best leaves to the FMAs (GQA 1 and
+// 4): the unit with 1 to 4 rows of 16, short runs (block sizes 1, 3, 7) and
+// every head_dim, within the bf16 bound. Skipped where the CPU lacks the unit.
+template <const char* kTarget>
+class CpuDecodeForcedUnit : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    const Status s = cpu::select_simd_target("amx");
+    const Status s = cpu::select_simd_target(kTarget);
     if (s.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << s.message();
     ASSERT_TRUE(s.ok()) << s.message();
     ASSERT_EQ(arithmetic_of("cpu", table_geometry(GetParam())), Arithmetic::kBf16Tiles);
@@ -82,16 +83,23 @@ class CpuDecodeAmx : public ::testing::TestWithParam<Case> {
   void TearDown() override { EXPECT_TRUE(cpu::select_simd_target("best").ok()); }
 };
 
-TEST_P(CpuDecodeAmx, MatchesReference) { run_table_case(GetParam()); }
+constexpr char kAmxTarget[] = "amx";
+constexpr char kAvx512Bf16Target[] = "avx512bf16";
+class CpuDecodeAmx : public CpuDecodeForcedUnit<kAmxTarget> {};
+class CpuDecodeAvx512Bf16 : public CpuDecodeForcedUnit<kAvx512Bf16Target> {};
 
-std::vector<Case> amx_forced_table() {
+TEST_P(CpuDecodeAmx, MatchesReference) { run_table_case(GetParam()); }
+TEST_P(CpuDecodeAvx512Bf16, MatchesReference) { run_table_case(GetParam()); }
+
+std::vector<Case> unit_forced_table() {
   std::vector<Case> cases;
   for (const Case& c : decode_table())
     if (c.cache == DType::kBFloat16 && c.gqa < 8 && c.v_head_dim == 0) cases.push_back(c);
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, CpuDecodeAmx, ::testing::ValuesIn(amx_forced_table()), case_name);
+INSTANTIATE_TEST_SUITE_P(Table, CpuDecodeAmx, ::testing::ValuesIn(unit_forced_table()), case_name);
+INSTANTIATE_TEST_SUITE_P(Table, CpuDecodeAvx512Bf16, ::testing::ValuesIn(unit_forced_table()), case_name);
 
 TEST(CpuDecodeFastMode, MatchesReference) {
   CacheGeometry g;

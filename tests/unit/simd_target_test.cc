@@ -44,7 +44,7 @@ TEST_F(SimdTarget, Avx3IsThereExactlyWhenTheCpuHasAvx512) {
 TEST_F(SimdTarget, UnknownTargetIsInvalidArgumentNamingIt) {
   const Status s = select_simd_target("neon");
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "target: expected best, amx, avx3 or avx2, received 'neon'");
+  EXPECT_EQ(s.message(), "target: expected best, amx, avx512bf16, avx3 or avx2, received 'neon'");
 }
 
 TEST_F(SimdTarget, FmaPeakIsMeasuredAndPlausible) {

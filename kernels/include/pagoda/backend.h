@@ -137,7 +137,7 @@ struct BackendOptions {
   std::string kind = "auto";  // auto, cpu, cuda
   CacheGeometry geometry;
   int32_t cpu_threads = 0;    // 0 = all cores
-  // CPU kernel target (pagoda/cpu_targets.h): best, amx, avx3 or avx2. Other
+  // CPU kernel target (pagoda/cpu_targets.h): best, amx, avx512bf16, avx3 or avx2. Other
   // than best it is selected for the whole process.
   std::string cpu_target = "best";
   int32_t cuda_device = 0;

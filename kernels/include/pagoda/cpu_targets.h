@@ -14,30 +14,59 @@ namespace pagoda::cpu {
 // Name of the SIMD target the dispatcher runs (for logs and benches), e.g. "AVX3", "AVX2".
 const char* simd_target_name();
 
-// Restricts dispatch to `target`: "best" (every target this CPU has, AMX for
-// the bf16 caches where it is the faster: 8 or more query heads per KV head),
-// "amx" (AMX for every bf16 cache, failing where there is none), "avx3"
-// (AVX-512, bf16 caches in fp32 FMAs) or "avx2". FAILED_PRECONDITION
-// when the CPU lacks it. Affects the whole process; call before any decode
-// runs (benches, tests, server start-up).
+// Restricts dispatch to `target`: "best" (every target this CPU has, a matrix
+// unit for the bf16 and fp8 caches where it is the faster: AMX from 8 query
+// heads per KV head, else AVX512-BF16 from 4 for bf16 and 8 for fp8), "amx" (AMX for every bf16 and
+// fp8 cache, failing where there is none), "avx512bf16" (AVX512-BF16 dot
+// products for every bf16 and fp8 cache, failing where there are none), "avx3"
+// (AVX-512, bf16 caches in fp32 FMAs) or "avx2". FAILED_PRECONDITION when the
+// CPU lacks it. Affects the whole process; call before any decode runs
+// (benches, tests, server start-up).
 Status select_simd_target(const std::string& target);
 
-// What decodes of geometry g run on: the SIMD target, "+AMX-BF16" added where
-// the matrix units serve it (amx_serves), e.g. "AVX3+AMX-BF16".
-std::string kernel_target_name(const CacheGeometry& g);
+// The unit that multiplies a bf16 (or fp8, widened) cache's Q.K^T and P.V in
+// bf16 with fp32 accumulation, instead of fp32 FMAs.
+enum class MatrixUnit : uint8_t {
+  kNone,        // fp32 FMAs on the SIMD target
+  kAmx,         // AMX tiles (TDPBF16PS)
+  kAvx512Bf16,  // AVX512-BF16 dot products (VDPBF16PS)
+};
 
-// Whether decodes of geometry g take the AMX path (bf16 tiles): a bf16 or
-// fp8 cache (fp8 widens to bf16 exactly) on a CPU with AMX-BF16, with 8 or more query heads per KV head under "best"
-// or any under "amx". A property of the geometry and the process, never of a
-// batch.
+// Which unit decodes of geometry g take: a bf16 or fp8 cache (fp8 widens to
+// bf16 exactly) on the AVX3 target of a CPU that has the unit, with enough
+// query heads per KV head under "best" (AMX: 8; AVX512-BF16 where there is no
+// AMX: 4 for bf16, 8 for fp8) or any under the unit's own target. A property
+// of the geometry and the process, never of a batch or of a request's q_len.
+MatrixUnit matrix_unit_for(const CacheGeometry& g);
+
+// Whether decodes of geometry g take the AMX path (matrix_unit_for is kAmx).
 bool amx_serves(const CacheGeometry& g);
+
+// Whether decodes of geometry g compute in bf16 with fp32 accumulation
+// (matrix_unit_for is not kNone): the tests' error bound for them.
+bool bf16_unit_serves(const CacheGeometry& g);
+
+// What decodes of geometry g run on: the SIMD target, "+AMX-BF16" or
+// "+AVX512-BF16" added where a matrix unit serves it, e.g. "AVX3+AMX-BF16".
+std::string kernel_target_name(const CacheGeometry& g);
 
 // Whether this CPU and its kernel offer AMX-BF16 (whatever the selection).
 bool amx_available();
 
+// Whether this CPU offers AVX512-BF16 (whatever the selection).
+bool avx512_bf16_available();
+
 // TDPBF16PS throughput of `threads` threads, FLOP/s (2 per multiply-add); 0
 // without AMX. The compute roof of the bf16 rows on the AMX path.
 double measure_amx_peak(int32_t threads);
+
+// 512-bit VDPBF16PS throughput of `threads` threads, FLOP/s; 0 without
+// AVX512-BF16. The compute roof of the bf16 rows on the dot-product path.
+double measure_bf16_dot_peak(int32_t threads);
+
+// The compute roof of geometry g's decodes on `threads` threads: the peak of
+// the unit matrix_unit_for(g) names (the FMAs for kNone).
+double measure_compute_peak(const CacheGeometry& g, int32_t threads);
 
 // Fused multiply-add throughput of `threads` threads on the dispatched target,
 // FLOP/s (2 per lane per FMA), from a register-resident loop: the compute roof

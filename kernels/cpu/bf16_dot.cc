@@ -1,0 +1,185 @@
+// AVX512-BF16 dot products of the CPU kernel's bf16 path (bf16_dot.h).
+#include "cpu/bf16_dot.h"
+
+#include <immintrin.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "cpu/bf16_blocks_inl.h"
+
+namespace pagoda::cpu::bf16dot {
+namespace {
+
+using bf16::kPvKeys;
+using bf16::kTileRows;
+using bf16::kValuesPerTile;
+using bf16::Spread;
+
+// The 32-bit word (a pair of bf16 values) at p, for a broadcast.
+inline int32_t pair_at(const void* p) {
+  int32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return w;
+}
+
+// st[j][r] = q[r] . key j for the 16 keys of `keys` and 16 rows (kWide) or 8
+// rows (the lower half of each packed pair; st[j][8..16) zero): 16 independent
+// chains cover VDPBF16PS's latency; a 256-bit one issues twice a cycle where a
+// 512-bit one issues once, so half the rows cost half the time. kStride > 0:
+// the rows are that many bytes apart (the cache's own rows, and the copies),
+// so each key's word is one displacement off a single pointer and the 16 row
+// addresses take no registers; 0: keys.stride, read at run time.
+template <bool kWide, int64_t kStride>
+PAGODA_BF16_TARGET inline void scores_transposed(const uint16_t* qb, int32_t d, const KeyRows& keys, float* st,
+                                                Spread& spread) {
+  const auto* k = reinterpret_cast<const char*>(keys.k);
+  const int64_t stride = kStride > 0 ? kStride : keys.stride;
+  if constexpr (kWide) {
+    __m512 acc[kTileRows];
+    for (__m512& a : acc) a = _mm512_setzero_ps();
+    for (int32_t p = 0; p < d / 2; ++p, k += 4) {
+      const __m512bh qv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb + 32 * p));
+      for (int j = 0; j < kTileRows; ++j) {
+        const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_at(k + j * stride)));
+        acc[j] = _mm512_dpbf16_ps(acc[j], qv, kv);
+      }
+      if ((p & 15) == 15) spread.tick();
+    }
+    for (int j = 0; j < kTileRows; ++j) _mm512_store_ps(st + kTileRows * j, acc[j]);
+  } else {
+    __m256 acc[kTileRows];
+    for (__m256& a : acc) a = _mm256_setzero_ps();
+    for (int32_t p = 0; p < d / 2; ++p, k += 4) {
+      const __m256bh qv = reinterpret_cast<__m256bh>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 32 * p)));
+      for (int j = 0; j < kTileRows; ++j) {
+        const __m256bh kv = reinterpret_cast<__m256bh>(_mm256_set1_epi32(pair_at(k + j * stride)));
+        acc[j] = _mm256_dpbf16_ps(acc[j], qv, kv);
+      }
+      if ((p & 15) == 15) spread.tick();
+    }
+    for (int j = 0; j < kTileRows; ++j) {
+      _mm256_store_ps(st + kTileRows * j, acc[j]);
+      _mm256_store_ps(st + kTileRows * j + 8, _mm256_setzero_ps());
+    }
+  }
+}
+
+// The head dims of the vocabulary with their rows packed (stride 2 d bytes),
+// else the run-time stride.
+template <bool kWide>
+PAGODA_BF16_TARGET inline void scores_of_group(const uint16_t* qb, int32_t d, const KeyRows& keys, float* st,
+                                              Spread& spread) {
+  if (keys.stride == 2 * static_cast<int64_t>(d)) {
+    switch (d) {
+      case 64: return scores_transposed<kWide, 128>(qb, d, keys, st, spread);
+      case 128: return scores_transposed<kWide, 256>(qb, d, keys, st, spread);
+      case 256: return scores_transposed<kWide, 512>(qb, d, keys, st, spread);
+      case 576: return scores_transposed<kWide, 1152>(qb, d, keys, st, spread);
+      default: break;
+    }
+  }
+  scores_transposed<kWide, 0>(qb, d, keys, st, spread);
+}
+
+// kRows rows of P.V over kVecs stretches of 16 output elements at a time:
+// kRows x kVecs accumulators, each packed V vector loaded once for the rows,
+// each row's pair of weights broadcast once for the stretches.
+template <int kRows, int kVecs>
+PAGODA_BF16_TARGET inline void accumulate_rows(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
+                                               int64_t acc_stride, bool first) {
+  for (int32_t t0 = 0; t0 < dv / 16; t0 += kVecs) {
+    __m512 c[kRows][kVecs];
+    for (int r = 0; r < kRows; ++r) {
+      for (int i = 0; i < kVecs; ++i) {
+        c[r][i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * acc_stride + 16 * (t0 + i));
+      }
+    }
+    for (int k = 0; k < kPvKeys / 2; ++k) {
+      __m512bh w[kRows];
+      for (int r = 0; r < kRows; ++r) {
+        w[r] = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_at(pa + r * kPvKeys + 2 * k)));
+      }
+      for (int i = 0; i < kVecs; ++i) {
+        const __m512bh v = reinterpret_cast<__m512bh>(
+            _mm512_loadu_si512(vb + static_cast<int64_t>(t0 + i) * kValuesPerTile + 32 * k));
+        for (int r = 0; r < kRows; ++r) c[r][i] = _mm512_dpbf16_ps(c[r][i], v, w[r]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      for (int i = 0; i < kVecs; ++i) _mm512_storeu_ps(acc + r * acc_stride + 16 * (t0 + i), c[r][i]);
+    }
+  }
+}
+
+template <int kVecs>
+PAGODA_BF16_TARGET void accumulate_all(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
+                                       int64_t acc_stride, int32_t rows, bool first) {
+  // Three rows of eight stretches: 24 accumulators, 8 operands beside them.
+  int32_t r = 0;
+  for (; r + 3 <= rows; r += 3) {
+    accumulate_rows<3, kVecs>(pa + r * kPvKeys, vb, dv, acc + r * acc_stride, acc_stride, first);
+  }
+  if (rows - r == 2) accumulate_rows<2, kVecs>(pa + r * kPvKeys, vb, dv, acc + r * acc_stride, acc_stride, first);
+  if (rows - r == 1) accumulate_rows<1, kVecs>(pa + r * kPvKeys, vb, dv, acc + r * acc_stride, acc_stride, first);
+}
+
+}  // namespace
+
+bool available() {
+  static const bool yes = bf16::cpu_has_avx512_bf16();
+  return yes;
+}
+
+PAGODA_BF16_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows,
+                               float scale, float* out, int64_t out_stride, Requests requests) {
+  Spread spread(requests, groups * (d / 32 + 1));
+  alignas(64) float st[kTileRows * kTileRows];  // [key][row]
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (int32_t gi = 0; gi < groups; ++gi) {
+    if (rows <= 8) {
+      scores_of_group<false>(qb, d, keys[gi], st, spread);
+    } else {
+      scores_of_group<true>(qb, d, keys[gi], st, spread);
+    }
+    __m512 s[kTileRows];
+    bf16::transpose16(st, s);
+    const __mmask16 live = static_cast<__mmask16>((1u << keys[gi].n) - 1);
+    float* o = out + gi * kTileRows;
+    for (int32_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(o + r * out_stride, live, _mm512_mul_ps(s[r], vs));
+    spread.tick();
+  }
+}
+
+PAGODA_BF16_TARGET void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
+                                   int64_t acc_stride, int32_t rows, bool first) {
+  // dv is a multiple of 64 in the vocabulary: whole steps of 4 or 8 stretches.
+  if ((dv / 16) % 8 == 0) {
+    accumulate_all<8>(pa, vb, dv, acc, acc_stride, rows, first);
+  } else {
+    accumulate_all<4>(pa, vb, dv, acc, acc_stride, rows, first);
+  }
+}
+
+PAGODA_BF16_TARGET double peak_one_thread() {
+  constexpr int kChains = 12;  // latency 6 x 1 issue a cycle, twice over
+  constexpr int64_t kIters = 1 << 22;
+  __m512 a[kChains];
+  for (int i = 0; i < kChains; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3F803F80));  // (1, 1)
+  __m512bh y = x;  // each chain grows by 2 a step: 2^23 at the end, finite and exact
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t it = 0; it < kIters; ++it) {
+    for (int i = 0; i < kChains; ++i) a[i] = _mm512_dpbf16_ps(a[i], x, y);
+    asm volatile("" : "+v"(y));  // keeps the loop from being folded
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  __m512 sum = a[0];
+  for (int i = 1; i < kChains; ++i) sum = _mm512_add_ps(sum, a[i]);
+  volatile float sink = _mm512_reduce_add_ps(sum);
+  (void)sink;
+  constexpr double kFlopPerOp = 2.0 * 32;  // 16 lanes x 2 multiply-adds
+  return kFlopPerOp * kChains * static_cast<double>(kIters) / s;
+}
+
+}  // namespace pagoda::cpu::bf16dot

@@ -1,0 +1,48 @@
+#pragma once
+// AVX512-BF16 dot products (VDPBF16PS: Cooper Lake, Zen 4 and later) for the
+// CPU kernel's bf16 caches (and fp8 ones, widened to bf16 exactly) where there
+// are no AMX tiles: the same Q.K^T and P.V of bf16 inputs with fp32
+// accumulation, on the operands bf16_blocks.h packs, in vector registers.
+// On Zen 4 one 512-bit VDPBF16PS a cycle does 32 multiply-adds, twice the
+// fp32 FMAs' 16 (two 256-bit pipes).
+//
+// Lanes. Scores put the rows in the lanes: pair p of q for 16 (or 8) rows is
+// one vector of the packed q, each key's pair p a 32-bit broadcast from the
+// cache row where it lies, so K is neither converted nor rearranged and there
+// is no horizontal sum. P.V puts 16 output elements in the lanes: a vector of
+// packed V (two keys x 16 elements) against a row's two weights broadcast.
+//
+// Bits: every output element is one chain over its reduced dimension, pair
+// after pair in order, whatever the other rows, keys or lanes hold, so a row
+// computed among 16 has the bits it has alone. Zero weights add exact zeros.
+// Products of bf16 values are exact in fp32; each pair's sum is rounded to
+// nearest even, subnormal inputs and results flushed to zero (as AMX does).
+
+#include <cstdint>
+
+#include "cpu/bf16_blocks.h"
+
+namespace pagoda::cpu::bf16dot {
+
+using bf16::KeyRows;
+using bf16::Requests;
+
+// Whether this CPU has AVX512-BF16 (with AVX-512 F, BW, VL, DQ). Asked once.
+bool available();
+
+// out[r * out_stride + 16 g + j] = scale * (q[r] . keys[g][j]) for r < rows (at
+// most 16), g < groups (1 or 2) and j < keys[g].n, q packed by bf16::pack_q.
+void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows, float scale, float* out,
+            int64_t out_stride, Requests requests = {});
+
+// acc[r * acc_stride + e] += sum over j of pa[r][j] * v[j][e] for r < rows (at
+// most 16) and e < dv, pa packed by bf16::pack_p and V by bf16::pack_v; with
+// `first`, acc is not read (= instead of +=).
+void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride, int32_t rows,
+                bool first = false);
+
+// VDPBF16PS throughput of one thread, FLOP/s (2 per multiply-add), from a loop
+// of independent 512-bit chains: the compute roof of the bf16 rows on this unit.
+double peak_one_thread();
+
+}  // namespace pagoda::cpu::bf16dot

@@ -1,0 +1,209 @@
+// The two bf16 matrix units of the CPU kernel (kernels/cpu/amx_tiles.h and
+// bf16_dot.h), on the operands bf16_blocks.h packs: scores and P.V against
+// double sums of the same bf16 inputs, each within the bound on an fp32 sum of
+// exact products. Skipped, with the reason, where the CPU lacks the unit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/amx_tiles.h"
+#include "cpu/bf16_dot.h"
+#include "pagoda/cpu_targets.h"
+#include "pagoda/host_convert.h"
+
+namespace pagoda::testing {
+namespace {
+
+using cpu::bf16::kPvKeys;
+using cpu::bf16::kTileRows;
+
+double bf16_value(uint16_t bits) { return static_cast<double>(bf16_to_float(bits)); }
+double rounded(float x) { return bf16_value(float_to_bf16(x)); }
+// The classic bound on an fp32 sum of n exact terms: gamma(n) times the sum of |terms|.
+double gamma_bound(int n) { return n * 0x1p-24 / (1 - n * 0x1p-24); }
+
+struct AmxOps {
+  static constexpr const char* kMissing =
+      "this CPU or its kernel offers no AMX-BF16 (lscpu flags amx_bf16 and amx_tile, Linux 5.16 or later granting the "
+      "tile data)";
+  static bool available() { return cpu::amx_available(); }
+  static void scores(const uint16_t* qb, int32_t d, const cpu::bf16::KeyRows* keys, int32_t groups, int32_t rows,
+                     float scale, float* out, int64_t out_stride) {
+    const cpu::amx::TileScope tiles;
+    cpu::amx::scores(qb, d, keys, groups, rows, scale, out, out_stride);
+  }
+  // The tiles write all 16 rows (a padding row adds zeros).
+  static constexpr bool kTouchesPaddingRows = true;
+  static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t stride,
+                         int32_t /*rows*/) {
+    const cpu::amx::TileScope tiles;
+    cpu::amx::accumulate(pa, vb, dv, acc, stride);
+  }
+};
+
+struct DotOps {
+  static constexpr const char* kMissing = "this CPU offers no AVX512-BF16 (lscpu flag avx512_bf16)";
+  static bool available() { return cpu::avx512_bf16_available(); }
+  static void scores(const uint16_t* qb, int32_t d, const cpu::bf16::KeyRows* keys, int32_t groups, int32_t rows,
+                     float scale, float* out, int64_t out_stride) {
+    cpu::bf16dot::scores(qb, d, keys, groups, rows, scale, out, out_stride);
+  }
+  static constexpr bool kTouchesPaddingRows = false;
+  static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t stride,
+                         int32_t rows) {
+    cpu::bf16dot::accumulate(pa, vb, dv, acc, stride, rows);
+  }
+};
+
+template <class Ops>
+class Bf16Unit : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Ops::available()) GTEST_SKIP() << Ops::kMissing;
+  }
+  std::mt19937 rng_{2024};
+};
+
+using Units = ::testing::Types<AmxOps, DotOps>;
+class UnitName {
+ public:
+  template <class T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, AmxOps> ? "Amx" : "Avx512Bf16";
+  }
+};
+TYPED_TEST_SUITE(Bf16Unit, Units, UnitName);
+
+// 5 rows (the dot products' 8-row half) and 13 (a whole 16-row block).
+TYPED_TEST(Bf16Unit, ScoresAreFp32SumsOfTheRoundedProductsForTheLiveRowsAndKeysOnly) {
+  for (const int32_t d : {64, 128, 576}) {
+    for (const int32_t rows : {5, 13}) {
+      SCOPED_TRACE("d " + std::to_string(d) + ", rows " + std::to_string(rows));
+      constexpr float scale = 0.3f;
+      std::normal_distribution<float> normal(0.f, 1.f);
+      std::vector<float> q(static_cast<size_t>(rows) * d);
+      for (float& x : q) x = normal(this->rng_);
+      // Two groups: 16 keys in place with a row stride wider than d, then 7
+      // keys beside 9 zero rows.
+      const int64_t stride = d + 32;
+      std::vector<uint16_t> k0(static_cast<size_t>(16 * stride)), k1(static_cast<size_t>(16 * d), 0);
+      for (uint16_t& x : k0) x = float_to_bf16(normal(this->rng_));
+      for (int j = 0; j < 7 * d; ++j) k1[static_cast<size_t>(j)] = float_to_bf16(normal(this->rng_));
+      const float* q_rows[kTileRows] = {};
+      for (int r = 0; r < rows; ++r) q_rows[r] = q.data() + r * d;
+      std::vector<uint16_t> qb(static_cast<size_t>(kTileRows) * d);
+      cpu::bf16::pack_q(q_rows, d, qb.data());
+      const cpu::bf16::KeyRows keys[2] = {{k0.data(), stride * 2, 16}, {k1.data(), d * 2, 7}};
+      constexpr int64_t out_stride = 40;
+      constexpr float kUntouched = -12345.f;
+      std::vector<float> out(static_cast<size_t>(kTileRows) * out_stride, kUntouched);
+      TypeParam::scores(qb.data(), d, keys, 2, rows, scale, out.data(), out_stride);
+      for (int r = 0; r < kTileRows; ++r) {
+        for (int j = 0; j < out_stride; ++j) {
+          const float got = out[static_cast<size_t>(r * out_stride + j)];
+          if (r >= rows || j >= 16 + 7) {
+            ASSERT_EQ(got, kUntouched) << "row " << r << " key " << j << " is not one to write";
+            continue;
+          }
+          const uint16_t* k = j < 16 ? k0.data() + j * stride : k1.data() + (j - 16) * d;
+          double want = 0, magnitude = 0;
+          for (int e = 0; e < d; ++e) {
+            const double term = rounded(q[static_cast<size_t>(r * d + e)]) * bf16_value(k[e]);
+            want += term;
+            magnitude += std::abs(term);
+          }
+          ASSERT_NEAR(got, scale * want, gamma_bound(d + 1) * scale * magnitude) << "row " << r << " key " << j;
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(Bf16Unit, PvAddsRoundedWeightsInsideEachRowsRangeAndZerosElsewhere) {
+  for (const int32_t dv : {64, 128, 512}) {
+    for (const int32_t rows : {4, 11}) {
+      SCOPED_TRACE("dv " + std::to_string(dv) + ", rows " + std::to_string(rows));
+      std::uniform_real_distribution<float> unit(-1.f, 1.f);
+      std::uniform_real_distribution<float> weight(0.f, 1.f);
+      // 32 V rows, two of them absent (zero rows).
+      std::vector<std::vector<uint16_t>> v(kPvKeys, std::vector<uint16_t>(static_cast<size_t>(dv)));
+      const uint16_t* v_rows[kPvKeys];
+      for (int j = 0; j < kPvKeys; ++j) {
+        for (uint16_t& x : v[static_cast<size_t>(j)]) x = float_to_bf16(unit(this->rng_));
+        v_rows[j] = (j == 3 || j == 30) ? nullptr : v[static_cast<size_t>(j)].data();
+      }
+      std::vector<uint16_t> vb(static_cast<size_t>(kPvKeys) * dv);
+      cpu::bf16::pack_v(v_rows, dv, vb.data());
+      // Ranges cycle through whole, inner, a single key at the end, and none.
+      int32_t begin[kTileRows] = {};
+      int32_t end[kTileRows] = {};
+      for (int r = 0; r < rows; ++r) {
+        const int32_t b[4] = {0, 5, 31, 9};
+        const int32_t e[4] = {32, 17, 32, 9};
+        begin[r] = b[r % 4];
+        end[r] = e[r % 4];
+      }
+      std::vector<float> p(static_cast<size_t>(rows) * kPvKeys);
+      for (float& x : p) x = weight(this->rng_);
+      const float* p_rows[kTileRows] = {};
+      for (int r = 0; r < rows; ++r) p_rows[r] = p.data() + r * kPvKeys;
+      alignas(64) uint16_t pa[kTileRows * kPvKeys];
+      cpu::bf16::pack_p(p_rows, begin, end, rows, pa);
+      std::vector<float> acc(static_cast<size_t>(kTileRows) * dv);
+      for (float& x : acc) x = unit(this->rng_);
+      const std::vector<float> before = acc;
+      TypeParam::accumulate(pa, vb.data(), dv, acc.data(), dv, rows);
+      for (int r = 0; r < kTileRows; ++r) {
+        for (int e = 0; e < dv; ++e) {
+          const size_t i = static_cast<size_t>(r * dv + e);
+          if (r >= rows || begin[r] >= end[r]) {
+            ASSERT_EQ(std::memcmp(&acc[i], &before[i], sizeof(float)), 0) << "row " << r << " gained a nonzero";
+            continue;
+          }
+          double want = before[i], magnitude = std::abs(before[i]);
+          for (int j = begin[r]; j < end[r]; ++j) {
+            if (v_rows[j] == nullptr) continue;
+            const double term = rounded(p[static_cast<size_t>(r * kPvKeys + j)]) * bf16_value(v_rows[j][e]);
+            want += term;
+            magnitude += std::abs(term);
+          }
+          ASSERT_NEAR(acc[i], want, gamma_bound(kPvKeys + 1) * magnitude) << "row " << r << " element " << e;
+        }
+      }
+    }
+  }
+}
+
+// `first` starts the sums from zero whatever acc held.
+TEST(Bf16DotUnit, FirstWritesTheSumsWithoutReadingTheAccumulator) {
+  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
+  constexpr int32_t dv = 128;
+  std::vector<uint16_t> one_row(dv, float_to_bf16(0.5f));
+  const uint16_t* v_rows[kPvKeys] = {};
+  v_rows[7] = one_row.data();
+  std::vector<uint16_t> vb(static_cast<size_t>(kPvKeys) * dv);
+  cpu::bf16::pack_v(v_rows, dv, vb.data());
+  std::vector<float> p(kPvKeys, 2.f);
+  const float* p_rows[kTileRows] = {p.data()};
+  const int32_t begin[kTileRows] = {0};
+  const int32_t end[kTileRows] = {32};
+  alignas(64) uint16_t pa[kTileRows * kPvKeys];
+  cpu::bf16::pack_p(p_rows, begin, end, 1, pa);
+  std::vector<float> acc(dv, std::nanf(""));
+  cpu::bf16dot::accumulate(pa, vb.data(), dv, acc.data(), dv, 1, /*first=*/true);
+  for (int e = 0; e < dv; ++e) ASSERT_EQ(acc[static_cast<size_t>(e)], 1.f) << "element " << e;
+}
+
+TEST(Bf16DotUnit, PeakIsMeasuredAndPlausible) {
+  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
+  const double one = cpu::measure_bf16_dot_peak(1);
+  EXPECT_GT(one, 1e9);
+  EXPECT_LT(one, 1e13) << "more means the loop was optimised away";
+}
+
+}  // namespace
+}  // namespace pagoda::testing

@@ -67,9 +67,11 @@ inline Bounds between_backends(DType out) {
 }
 
 // How a backend multiplies: fp32 FMAs throughout, or bf16 tiles (the CPU's
-// AMX path for bf16 caches): q rounded to bf16 once, each softmax weight p
-// rounded to bf16 before P.V, products exact (bf16 x bf16 fits fp32's 24-bit
-// significand), sums in fp32.
+// matrix units for bf16 and fp8 caches, AMX tiles and AVX512-BF16 dot
+// products alike): q rounded to bf16 once, each softmax weight p rounded to
+// bf16 before P.V, products exact (bf16 x bf16 fits fp32's 24-bit
+// significand), sums in fp32 (a dot product adds a pair of products with at
+// most two roundings: d in a chain of d products, as on the FMAs).
 enum class Arithmetic { kFp32, kBf16Tiles };
 
 // The bf16 tiles' extra error, per row, against a reference given q as the

@@ -515,7 +515,7 @@ void partial_impl(const PartialTask& t) {
   const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T));
   constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
   const int64_t lines_per_row = kLinesPerRow;
-  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * lines_per_row);
+  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * lines_per_row, prefetch_level_for(rows));
   // One row block reads the cache directly; more share a converted tile.
   const bool direct_k = rows <= kRowBlock && !rows_in_lanes;
   const bool direct_v = t.heads <= kRowBlock && t.positions == 1;
@@ -694,7 +694,7 @@ void partial_bf16_unit(const PartialTask& t) {
   const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(T));
   const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T));
   constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
-  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * kLinesPerRow);
+  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * kLinesPerRow, prefetch_level_for(rows));
   for (int32_t b = 0; b < blocks; ++b) {
     const float* q[kTileRows];
     for (int32_t i = 0; i < kTileRows; ++i) {

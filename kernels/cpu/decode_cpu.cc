@@ -744,9 +744,9 @@ void partial_bf16_unit(const PartialTask& t) {
       for (int32_t b = 0; b < blocks; ++b) {
         const bf16::Requests requests{&prefetch, b == 0 ? (at - pos) * kLinesPerRow : 0};
         Unit::scores(qb + static_cast<int64_t>(b) * kTileRows * kD, kD, groups, count,
-                    std::min(kTileRows, rows - b * kTileRows), t.score_scale,
-                    scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens + (pos - base), kSubBlockTokens,
-                    requests);
+                     std::min(kTileRows, rows - b * kTileRows), t.score_scale,
+                     scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens + (pos - base), kSubBlockTokens,
+                     requests);
       }
       prefetch.catch_up();
       pos = at;

@@ -93,7 +93,8 @@ class ReadPlan {
 // no bits, only where a line waits.
 enum class PrefetchLevel { kL1, kL2 };
 
-// Tasks of up to this many rows request into L2. Measured on a 2-vCPU AMD
+// FMA-path tasks of up to this many rows request into L2 (the matrix units
+// choose their own level, decode_cpu.cc). Measured on a 2-vCPU AMD
 // EPYC (Zen 4) guest, 8 x 4096 tokens, 2 threads: fp16 GQA 4 with one query
 // row at 8.9-9.7 ms against 9.3-12.6 ms with the L1 hint, but with four rows
 // (16 per task) at 27 ms against 18-21 ms.

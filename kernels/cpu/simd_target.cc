@@ -33,11 +33,11 @@ constexpr int32_t kAmxMinGroup = 8;
 // The dot products skip a block's padding rows in P.V and score up to 8 rows
 // in half-width vectors, so narrower groups cost them less than the tiles.
 // Measured on a 2-vCPU AMD EPYC (Zen 4) guest, same shape, against the
-// AVX-512 FMAs: bf16 GQA 4 at 0.6-0.9x for one query row and 1.7x for four
-// (four draft rows then cost 1.4x one instead of 2.3-2.7x), GQA 8 at 0.9-1.0x
-// and 1.6-1.9x; fp8 e4m3 GQA 8 at 1.0x and 1.6x, but GQA 4 at 0.64x for one
+// AVX-512 FMAs (`make bench`, three runs): bf16 GQA 4 at 1.04-1.15x for one
+// query row and 2.0x for four, GQA 8 at 1.2-1.3x and 1.9-2.0x, MLA's 32 heads
+// at 2.1x; fp8 e4m3 GQA 8 at 1.1-1.2x and 1.8-1.9x, but GQA 4 at 0.70x for one
 // row (the FMA path reads fp8 in place, the dot products widen each tile to
-// bf16 first).
+// bf16 first; 1.6x for four).
 constexpr int32_t kDotMinGroupBf16 = 4;
 constexpr int32_t kDotMinGroupFp8 = 8;
 }  // namespace

@@ -162,7 +162,7 @@ PAGODA_BF16_TARGET void accumulate(const uint16_t* pa, const uint16_t* vb, int32
 }
 
 PAGODA_BF16_TARGET double peak_one_thread() {
-  constexpr int kChains = 12;  // latency 6 x 1 issue a cycle, twice over
+  constexpr int kChains = 12;  // independent chains, more than latency x issue rate
   constexpr int64_t kIters = 1 << 22;
   __m512 a[kChains];
   for (int i = 0; i < kChains; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i));

@@ -36,8 +36,6 @@ struct AmxOps {
     const cpu::amx::TileScope tiles;
     cpu::amx::scores(qb, d, keys, groups, rows, scale, out, out_stride);
   }
-  // The tiles write all 16 rows (a padding row adds zeros).
-  static constexpr bool kTouchesPaddingRows = true;
   static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t stride,
                          int32_t /*rows*/) {
     const cpu::amx::TileScope tiles;
@@ -52,7 +50,6 @@ struct DotOps {
                      float scale, float* out, int64_t out_stride) {
     cpu::bf16dot::scores(qb, d, keys, groups, rows, scale, out, out_stride);
   }
-  static constexpr bool kTouchesPaddingRows = false;
   static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t stride,
                          int32_t rows) {
     cpu::bf16dot::accumulate(pa, vb, dv, acc, stride, rows);

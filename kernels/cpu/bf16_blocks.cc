@@ -36,7 +36,6 @@ PAGODA_BF16_TARGET void pack_q(const float* const* q, int32_t d, uint16_t* qb) {
   }
 }
 
-
 PAGODA_BF16_TARGET void pack_v(const uint16_t* const* v, int32_t dv, uint16_t* vb, Requests requests) {
   Spread spread(requests, kPvKeys / 2);
   // 64-bit lanes of (unpacklo, unpackhi) that hold elements 0..15 and 16..31 of a
@@ -59,7 +58,6 @@ PAGODA_BF16_TARGET void pack_v(const uint16_t* const* v, int32_t dv, uint16_t* v
   }
 }
 
-
 PAGODA_BF16_TARGET void pack_p(const float* const* p, const int32_t* begin, const int32_t* end, int32_t rows,
                               uint16_t* pa) {
   for (int32_t r = 0; r < kTileRows; ++r) {
@@ -76,6 +74,5 @@ PAGODA_BF16_TARGET void pack_p(const float* const* p, const int32_t* begin, cons
     std::memcpy(row, &bf, sizeof(bf));
   }
 }
-
 
 }  // namespace pagoda::cpu::bf16

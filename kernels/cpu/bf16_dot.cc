@@ -23,63 +23,67 @@ inline int32_t pair_at(const void* p) {
   return w;
 }
 
-// st[j][r] = q[r] . key j for the 16 keys of `keys` and 16 rows (kWide) or 8
-// rows (the lower half of each packed pair; st[j][8..16) zero): 16 independent
-// chains cover VDPBF16PS's latency; a 256-bit one issues twice a cycle where a
-// 512-bit one issues once, so half the rows cost half the time. kStride > 0:
-// the rows are that many bytes apart (the cache's own rows, and the copies),
-// so each key's word is one displacement off a single pointer and the 16 row
-// addresses take no registers; 0: keys.stride, read at run time.
-template <bool kWide, int64_t kStride>
+// The two vector widths of the scores: 16 rows in 512-bit vectors, or the
+// first 8 rows (the lower half of each packed pair) in 256-bit ones, whose
+// VDPBF16PS issues twice a cycle where a 512-bit one issues once.
+struct Rows16 {
+  using Acc = __m512;
+  PAGODA_BF16_TARGET static Acc zero() { return _mm512_setzero_ps(); }
+  PAGODA_BF16_TARGET static Acc dot(Acc acc, const uint16_t* q_pair, int32_t k_pair) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(q_pair)),
+                            reinterpret_cast<__m512bh>(_mm512_set1_epi32(k_pair)));
+  }
+  PAGODA_BF16_TARGET static void store(float* row, Acc acc) { _mm512_store_ps(row, acc); }
+};
+struct Rows8 {
+  using Acc = __m256;
+  PAGODA_BF16_TARGET static Acc zero() { return _mm256_setzero_ps(); }
+  PAGODA_BF16_TARGET static Acc dot(Acc acc, const uint16_t* q_pair, int32_t k_pair) {
+    return _mm256_dpbf16_ps(acc, reinterpret_cast<__m256bh>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q_pair))),
+                            reinterpret_cast<__m256bh>(_mm256_set1_epi32(k_pair)));
+  }
+  // Rows 8..16 of the block are zero.
+  PAGODA_BF16_TARGET static void store(float* row, Acc acc) {
+    _mm256_store_ps(row, acc);
+    _mm256_store_ps(row + 8, _mm256_setzero_ps());
+  }
+};
+
+// st[j][r] = q[r] . key j for the 16 keys of `keys` and the rows of W: 16
+// independent chains cover VDPBF16PS's latency. kStride > 0: the rows are that
+// many bytes apart (the cache's own rows, and the copies), so each key's word
+// is one displacement off a single pointer and the 16 row addresses take no
+// registers; 0: keys.stride, read at run time.
+template <class W, int64_t kStride>
 PAGODA_BF16_TARGET inline void scores_transposed(const uint16_t* qb, int32_t d, const KeyRows& keys, float* st,
                                                 Spread& spread) {
   const auto* k = reinterpret_cast<const char*>(keys.k);
   const int64_t stride = kStride > 0 ? kStride : keys.stride;
-  if constexpr (kWide) {
-    __m512 acc[kTileRows];
-    for (__m512& a : acc) a = _mm512_setzero_ps();
-    for (int32_t p = 0; p < d / 2; ++p, k += 4) {
-      const __m512bh qv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb + 32 * p));
-      for (int j = 0; j < kTileRows; ++j) {
-        const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_at(k + j * stride)));
-        acc[j] = _mm512_dpbf16_ps(acc[j], qv, kv);
-      }
-      if ((p & 15) == 15) spread.tick();
-    }
-    for (int j = 0; j < kTileRows; ++j) _mm512_store_ps(st + kTileRows * j, acc[j]);
-  } else {
-    __m256 acc[kTileRows];
-    for (__m256& a : acc) a = _mm256_setzero_ps();
-    for (int32_t p = 0; p < d / 2; ++p, k += 4) {
-      const __m256bh qv = reinterpret_cast<__m256bh>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 32 * p)));
-      for (int j = 0; j < kTileRows; ++j) {
-        const __m256bh kv = reinterpret_cast<__m256bh>(_mm256_set1_epi32(pair_at(k + j * stride)));
-        acc[j] = _mm256_dpbf16_ps(acc[j], qv, kv);
-      }
-      if ((p & 15) == 15) spread.tick();
-    }
-    for (int j = 0; j < kTileRows; ++j) {
-      _mm256_store_ps(st + kTileRows * j, acc[j]);
-      _mm256_store_ps(st + kTileRows * j + 8, _mm256_setzero_ps());
-    }
+  typename W::Acc acc[kTileRows];
+  for (auto& a : acc) a = W::zero();
+  for (int32_t p = 0; p < d / 2; ++p, k += 4) {
+    // One load of the q pair serves the 16 keys (hoisted out of the loop).
+    for (int j = 0; j < kTileRows; ++j) acc[j] = W::dot(acc[j], qb + 32 * p, pair_at(k + j * stride));
+    if ((p & 15) == 15) spread.tick();
   }
+  for (int j = 0; j < kTileRows; ++j) W::store(st + kTileRows * j, acc[j]);
 }
 
 // The head dims of the vocabulary with their rows packed (stride 2 d bytes),
 // else the run-time stride.
-template <bool kWide>
+template <class W>
 PAGODA_BF16_TARGET inline void scores_of_group(const uint16_t* qb, int32_t d, const KeyRows& keys, float* st,
                                               Spread& spread) {
   if (keys.stride == 2 * static_cast<int64_t>(d)) {
     switch (d) {
-      case 64: return scores_transposed<kWide, 128>(qb, d, keys, st, spread);
-      case 128: return scores_transposed<kWide, 256>(qb, d, keys, st, spread);
-      case 256: return scores_transposed<kWide, 512>(qb, d, keys, st, spread);
-      case 576: return scores_transposed<kWide, 1152>(qb, d, keys, st, spread);
+      case 64: return scores_transposed<W, 128>(qb, d, keys, st, spread);
+      case 128: return scores_transposed<W, 256>(qb, d, keys, st, spread);
+      case 256: return scores_transposed<W, 512>(qb, d, keys, st, spread);
+      case 576: return scores_transposed<W, 1152>(qb, d, keys, st, spread);
       default: break;
     }
   }
-  scores_transposed<kWide, 0>(qb, d, keys, st, spread);
+  scores_transposed<W, 0>(qb, d, keys, st, spread);
 }
 
 // kRows rows of P.V over kVecs stretches of 16 output elements at a time:
@@ -138,9 +142,9 @@ PAGODA_BF16_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* key
   const __m512 vs = _mm512_set1_ps(scale);
   for (int32_t gi = 0; gi < groups; ++gi) {
     if (rows <= 8) {
-      scores_of_group<false>(qb, d, keys[gi], st, spread);
+      scores_of_group<Rows8>(qb, d, keys[gi], st, spread);
     } else {
-      scores_of_group<true>(qb, d, keys[gi], st, spread);
+      scores_of_group<Rows16>(qb, d, keys[gi], st, spread);
     }
     __m512 s[kTileRows];
     bf16::transpose16(st, s);

@@ -64,6 +64,7 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
   convert_to_float(launch.q, launch.q_dtype, q32_.data(), q_elems);
   const float qscale = plan_.constants().q_scale * fp8_read_factor(g.dtype);
   unit_ = matrix_unit_for(g);
+  fp8_tables_ = fp8_tables_serve(g);
   score_scale_ = unit_ != MatrixUnit::kNone ? qscale : 1.f;
   if (unit_ == MatrixUnit::kNone) {
     for (float& x : q32_) x *= qscale;
@@ -129,6 +130,7 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   t.position = positions_.data() + task.first_position;
   t.soft_cap = plan_.constants().soft_cap;
   t.unit = unit_;
+  t.fp8_tables = fp8_tables_;
   t.score_scale = score_scale_;
   t.m = stats_.data();
   t.l = stats_.data() + plan_.partial_rows();

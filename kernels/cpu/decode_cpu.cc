@@ -24,6 +24,7 @@
 #include "cpu/bf16_dot.h"
 #include "cpu/decode_cpu.h"
 #include "cpu/decode_tiles.h"
+#include "cpu/fp8_tables.h"
 #include "pagoda/softmax_state.h"
 #include "pagoda/vocabulary.h"
 
@@ -69,18 +70,49 @@ HWY_INLINE VF load_f32(const T* HWY_RESTRICT p) {
     const hn::Rebind<hwy::float16_t, DF> dh;
     const auto code = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const uint8_t*>(p)));
     return hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(code)));
-  } else if constexpr (std::is_same_v<T, Fp8E4M3Bits>) {
+  } else if constexpr (std::is_same_v<T, Fp8E4M3Bits> || std::is_same_v<T, Fp8E4M3FiniteBits>) {
     const hn::Rebind<int8_t, DF> d8;
     const hn::Rebind<int16_t, DF> d16;
     const hn::Rebind<hwy::float16_t, DF> dh;
     const auto wide = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p))));
     auto h = hn::And(wide, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
-    const auto nan = hn::Eq(hn::And(h, hn::Set(d16, 0x7FFF)), hn::Set(d16, 0x3F80));
-    h = hn::Or(h, hn::IfThenElseZero(nan, hn::Set(d16, 0x7C00)));
+    if constexpr (std::is_same_v<T, Fp8E4M3Bits>) {
+      const auto nan = hn::Eq(hn::And(h, hn::Set(d16, 0x7FFF)), hn::Set(d16, 0x3F80));
+      h = hn::Or(h, hn::IfThenElseZero(nan, hn::Set(d16, 0x7C00)));
+    }
     return hn::PromoteTo(df, hn::BitCast(dh, h));
   } else {
     const hn::Rebind<T, DF> dt;
     return hn::PromoteTo(df, hn::LoadU(dt, p));
+  }
+}
+
+// e4m3 rows known to hold no NaN code read without the NaN step: 3 of its 8
+// instructions a vector. Each run read in place is scanned first
+// (runs_in_place); a run with a NaN code goes through a tile instead.
+template <typename T>
+using InPlace = std::conditional_t<std::is_same_v<T, Fp8E4M3Bits>, Fp8E4M3FiniteBits, T>;
+
+// Whether any of the n codes at p (n a multiple of 64) is e4m3's NaN, S.1111.111:
+// with the sign bit set, the only code reading 0xFF. Two instructions a vector.
+HWY_INLINE bool any_e4m3_nan(const uint8_t* HWY_RESTRICT p, int64_t n) {
+  const hn::ScalableTag<uint8_t> d8;
+  constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(d8));
+  static_assert(64 % kLanes == 0, "a head's row is whole vectors of codes");
+  const auto sign = hn::Set(d8, 0x80);
+  auto top = hn::Zero(d8);
+  for (int64_t i = 0; i < n; i += kLanes) top = hn::Max(top, hn::Or(hn::LoadU(d8, p + i), sign));
+  return !hn::AllFalse(d8, hn::Eq(top, hn::Set(d8, 0xFF)));
+}
+
+// Whether the n rows of kD elements at `rows` may be read in place as
+// InPlace<T>: always, but for e4m3 rows only without a NaN code.
+template <typename T, int kD>
+HWY_INLINE bool readable_in_place(const void* rows, int64_t n) {
+  if constexpr (std::is_same_v<T, Fp8E4M3Bits>) {
+    return !any_e4m3_nan(static_cast<const uint8_t*>(rows), n * kD);
+  } else {
+    return true;
   }
 }
 
@@ -448,18 +480,33 @@ HWY_INLINE void merge_sub_block(const PartialTask& t, const SoftmaxStats<float>*
   }
 }
 
+template <typename T>
+constexpr bool kIsFp8 = std::is_same_v<T, Fp8E4M3Bits> || std::is_same_v<T, Fp8E5M2Bits>;
+template <typename T>
+constexpr DType kFp8Format = std::is_same_v<T, Fp8E4M3Bits> ? DType::kFloat8E4M3 : DType::kFloat8E5M2;
+
 // The first kD elements of rows [pos, pos + n) (kStride elements apart in the
 // pool: kD, or head_dim for V as K's prefix) into `tile` ([n][kD] fp32), run by
 // run: the rows of one block are contiguous, so each run converts (or, for an
-// fp32 cache, copies) as one stream. Used when several row blocks share the rows.
+// fp32 cache, copies) as one stream. Used when several row blocks share the
+// rows, and for every fp8 read through the byte tables (`tables`).
 template <typename T, int kD, int kStride = kD>
-HWY_NOINLINE void load_tile(const PoolRows& src, int64_t pos, int64_t n, float* HWY_RESTRICT tile) {
+HWY_NOINLINE void load_tile(const PoolRows& src, int64_t pos, int64_t n, float* HWY_RESTRICT tile,
+                            bool tables = false) {
   const DF df;
   constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
   const int64_t end = pos + n;
   while (pos < end) {
     int64_t rows = 0;
     const T* HWY_RESTRICT in = reinterpret_cast<const T*>(src.run(pos, end, &rows));
+    if constexpr (kIsFp8<T>) {
+      if (tables) {
+        fp8tab::rows_to_f32(kFp8Format<T>, reinterpret_cast<const uint8_t*>(in), kStride, rows, kD, tile);
+        tile += rows * kD;
+        pos += rows;
+        continue;
+      }
+    }
     for (int64_t r = 0; r < rows; ++r, in += kStride, tile += kD) {
       for (int64_t i = 0; i < kD; i += kLanes) hn::Store(load_f32(in + i), df, tile + i);
     }
@@ -516,9 +563,11 @@ void partial_impl(const PartialTask& t) {
   constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
   const int64_t lines_per_row = kLinesPerRow;
   LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * lines_per_row, prefetch_level_for(rows));
-  // One row block reads the cache directly; more share a converted tile.
+  // One row block reads the cache directly (InPlace<T>); more share a tile,
+  // converted once (an fp8 tile through the byte tables where they serve).
   const bool direct_k = rows <= kRowBlock && !rows_in_lanes;
   const bool direct_v = t.heads <= kRowBlock && t.positions == 1;
+  const bool tables = kIsFp8<T> && kWideTarget && t.fp8_tables;
   if (rows_in_lanes) transpose_q<kD>(t, rows, rows_pad, qt);
 
   const float* q_rows[kRowBlock];
@@ -536,11 +585,15 @@ void partial_impl(const PartialTask& t) {
     for (int64_t pos = span.begin; pos < span.end;) {
       int64_t n = 0;
       const void* keys = nullptr;
+      bool in_place = direct_k;
       if (direct_k) {
         keys = k_src.run(pos, span.end, &n);
+        in_place = readable_in_place<T, kD>(keys, n);
       } else {
         n = std::min(kTile, span.end - pos);
-        load_tile<T, kD>(k_src, pos, n, tile);
+      }
+      if (!in_place) {
+        load_tile<T, kD>(k_src, pos, n, tile, tables);
         keys = tile;
       }
       prefetch.consumed(n * lines_per_row);
@@ -560,8 +613,9 @@ void partial_impl(const PartialTask& t) {
           q_rows[j] = t.position[r / t.heads].q + r % t.heads * kD;
           outs[j] = scores + static_cast<int64_t>(r) * kSubBlockTokens + (pos - base);
         }
-        if (direct_k) {
-          score_rows<T, kD, kRows, kLinesPerRow>(q_rows, static_cast<const T*>(keys), n, outs, prefetch);
+        if (in_place) {
+          score_rows<InPlace<T>, kD, kRows, kLinesPerRow>(q_rows, static_cast<const InPlace<T>*>(keys), n, outs,
+                                                         prefetch);
         } else if (first_block) {
           score_rows<float, kD, kRows, kLinesPerRow>(q_rows, static_cast<const float*>(keys), n, outs, prefetch);
         } else {
@@ -577,11 +631,16 @@ void partial_impl(const PartialTask& t) {
     for (int64_t pos = span.begin; pos < span.end;) {
       int64_t n = 0;
       const void* values = nullptr;
+      bool in_place = direct_v;
       if (direct_v) {
         values = v_src.run(pos, span.end, &n);
+        // V's rows hold head_dim elements, of which the first kDv are read.
+        in_place = readable_in_place<T, kD>(values, n);
       } else {
         n = std::min(kTile, span.end - pos);
-        load_tile<T, kDv, kD>(v_src, pos, n, tile);
+      }
+      if (!in_place) {
+        load_tile<T, kDv, kD>(v_src, pos, n, tile, tables);
         values = tile;
       }
       prefetch.consumed(n * lines_per_row);
@@ -598,9 +657,9 @@ void partial_impl(const PartialTask& t) {
             p_rows[j] = scores + static_cast<int64_t>(r) * kSubBlockTokens + (pos - base);
             acc_rows[j] = sub_acc + static_cast<int64_t>(r) * kDv;
           }
-          if (direct_v) {
-            accumulate_rows<T, kDv, kD, kRows>(p_rows, static_cast<const T*>(values), a, b, acc_rows, prefetch,
-                                               step_lines);
+          if (in_place) {
+            accumulate_rows<InPlace<T>, kDv, kD, kRows>(p_rows, static_cast<const InPlace<T>*>(values), a, b,
+                                                        acc_rows, prefetch, step_lines);
           } else {
             accumulate_rows<float, kDv, kDv, kRows>(p_rows, static_cast<const float*>(values), a, b, acc_rows,
                                                     prefetch, step_lines);
@@ -621,7 +680,10 @@ void partial_impl(const PartialTask& t) {
 // reads 2^-8 of its value as everywhere, the launch folds 2^8 back in), so
 // their tiles see the stored values.
 template <typename T, int kD, int kStride>
-HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_RESTRICT out) {
+HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_RESTRICT out, bool tables) {
+  if constexpr (kIsFp8<T>) {
+    if (tables) return fp8tab::rows_to_bf16(kFp8Format<T>, reinterpret_cast<const uint8_t*>(in), kStride, n, kD, out);
+  }
   const DF df;
   const hn::Rebind<hwy::bfloat16_t, DF> dbf;
   constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
@@ -738,7 +800,7 @@ void partial_bf16_unit(const PartialTask& t) {
           if constexpr (kBf16) {
             std::memcpy(pad, run, static_cast<size_t>(n * kD) * sizeof(uint16_t));
           } else {
-            rows_to_bf16<T, kD, kD>(run, n, pad);
+            rows_to_bf16<T, kD, kD>(run, n, pad, t.fp8_tables);
           }
           std::fill(pad + n * kD, pad + kTileRows * kD, uint16_t{0});
           k = pad;
@@ -775,7 +837,7 @@ void partial_bf16_unit(const PartialTask& t) {
         if constexpr (kBf16) {
           for (int64_t j = 0; j < n; ++j) v_rows[first + j] = reinterpret_cast<const uint16_t*>(v + j * kD);
         } else {
-          rows_to_bf16<T, kDv, kD>(v, n, v_bf16 + first * kDv);
+          rows_to_bf16<T, kDv, kD>(v, n, v_bf16 + first * kDv, t.fp8_tables);
           for (int64_t j = 0; j < n; ++j) v_rows[first + j] = v_bf16 + (first + j) * kDv;
         }
         pos += n;

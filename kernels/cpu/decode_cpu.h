@@ -36,6 +36,11 @@ struct Fp8E4M3Bits {
 struct Fp8E5M2Bits {
   uint8_t bits;
 };
+// e4m3 elements of rows known to hold no NaN code (the kernel scans a run
+// before it reads it so): widened without the NaN step.
+struct Fp8E4M3FiniteBits {
+  uint8_t bits;
+};
 
 // What load_f32 of an fp8 element yields, times the stored value: e4m3 is
 // widened through fp16 bit patterns that read 2^-8 of it, so launches fold
@@ -75,6 +80,9 @@ struct PartialTask {
   // reaches the unit exactly.
   MatrixUnit unit = MatrixUnit::kNone;
   float score_scale = 1.f;
+  // An fp8 cache widened through byte tables (fp8_tables_serve in
+  // pagoda/cpu_targets.h): the same values as load_f32's, in fewer instructions.
+  bool fp8_tables = false;
 
   // Out, row (p, h) at index position[p].partial + h:
   float* m = nullptr;                 // running max, base 2 (-inf: no key)

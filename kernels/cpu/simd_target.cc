@@ -11,6 +11,7 @@
 #include "cpu/amx_tiles.h"
 #include "cpu/bf16_dot.h"
 #include "cpu/decode_cpu.h"
+#include "cpu/fp8_tables.h"
 
 namespace pagoda::cpu {
 
@@ -22,6 +23,7 @@ namespace {
 // "avx2" none.
 enum class UnitUse { kWhereFaster, kEveryAmx, kEveryDot, kNone };
 std::atomic<UnitUse> g_unit_use{UnitUse::kWhereFaster};
+std::atomic<bool> g_fp8_tables{true};
 
 // From 8 query heads per KV head, where a 16-row tile holds 8 or more rows
 // per position. Measured on a 2-vCPU Sapphire Rapids guest (bf16, head_dim
@@ -112,13 +114,24 @@ bool amx_serves(const CacheGeometry& g) { return matrix_unit_for(g) == MatrixUni
 
 bool bf16_unit_serves(const CacheGeometry& g) { return matrix_unit_for(g) != MatrixUnit::kNone; }
 
+// The tables are AVX-512 code: only where the dispatched target is AVX3 (an
+// "avx2" selection keeps to AVX2 instructions).
+bool fp8_tables_serve(const CacheGeometry& g) {
+  return is_fp8(g.dtype) && g_fp8_tables.load(std::memory_order_relaxed) && fp8tab::available() &&
+         std::strcmp(simd_target_name(), "AVX3") == 0;
+}
+
+void use_fp8_tables(bool on) { g_fp8_tables = on; }
+
 std::string kernel_target_name(const CacheGeometry& g) {
+  std::string name = simd_target_name();
   switch (matrix_unit_for(g)) {
-    case MatrixUnit::kAmx: return std::string(simd_target_name()) + "+AMX-BF16";
-    case MatrixUnit::kAvx512Bf16: return std::string(simd_target_name()) + "+AVX512-BF16";
+    case MatrixUnit::kAmx: name += "+AMX-BF16"; break;
+    case MatrixUnit::kAvx512Bf16: name += "+AVX512-BF16"; break;
     case MatrixUnit::kNone: break;
   }
-  return simd_target_name();
+  if (fp8_tables_serve(g)) name += "+VBMI";
+  return name;
 }
 
 bool amx_available() { return amx::available(); }

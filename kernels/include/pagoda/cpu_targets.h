@@ -46,8 +46,20 @@ bool amx_serves(const CacheGeometry& g);
 // (matrix_unit_for is not kNone): the tests' error bound for them.
 bool bf16_unit_serves(const CacheGeometry& g);
 
+// Whether decodes of geometry g widen its fp8 elements through AVX-512 VBMI
+// byte tables (an fp8 cache on the AVX3 target of a CPU with VBMI, unless
+// use_fp8_tables(false)): the values of the arithmetic widening, bit for bit,
+// in fewer instructions, each element widened once into a tile.
+bool fp8_tables_serve(const CacheGeometry& g);
+
+// Turns the fp8 byte tables off (or back on, the default) for the whole
+// process: for the tests and benches that compare both widenings. Call
+// before any decode runs.
+void use_fp8_tables(bool on);
+
 // What decodes of geometry g run on: the SIMD target, "+AMX-BF16" or
-// "+AVX512-BF16" added where a matrix unit serves it, e.g. "AVX3+AMX-BF16".
+// "+AVX512-BF16" added where a matrix unit serves it, "+VBMI" where fp8 byte
+// tables do, e.g. "AVX3+AMX-BF16" or "AVX3+VBMI".
 std::string kernel_target_name(const CacheGeometry& g);
 
 // Whether this CPU and its kernel offer AMX-BF16 (whatever the selection).

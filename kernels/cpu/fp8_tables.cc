@@ -1,0 +1,161 @@
+// fp8 rows widened through VBMI byte tables (fp8_tables.h).
+#include "cpu/fp8_tables.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+// GCC 12's AVX-512 intrinsics start their results from _mm512_undefined_*(),
+// which -Wuninitialized reports once inlined (GCC bug 105593, fixed in 13).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#define PAGODA_VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,f16c")))
+
+namespace pagoda::cpu::fp8tab {
+namespace {
+
+// The fp16 bit pattern load_f32 builds from a code (decode_cpu.cc): e5m2 is
+// the top byte of an fp16; e4m3's byte sign-extended, shifted left by 7, bit
+// 14 cleared (2^-8 of its value), and the NaN code given the all-ones exponent.
+uint16_t fp16_pattern(DType format, uint8_t code) {
+  if (format == DType::kFloat8E5M2) return static_cast<uint16_t>(code << 8);
+  const auto wide = static_cast<uint16_t>(static_cast<int16_t>(static_cast<int8_t>(code)) * 128);
+  auto h = static_cast<uint16_t>(wide & 0xBFFF);
+  if ((h & 0x7FFF) == 0x3F80) h = static_cast<uint16_t>(h | 0x7C00);
+  return h;
+}
+
+PAGODA_VBMI_TARGET uint32_t fp32_bits_of_fp16(uint16_t h) {
+  const float f = _cvtsh_ss(h);  // VCVTPH2PS, as load_f32's PromoteTo
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// Low and high bytes of the bf16 value of each magnitude 0..127.
+struct Tables {
+  alignas(64) uint8_t lo[128];
+  alignas(64) uint8_t hi[128];
+};
+
+struct FormatTables {
+  Tables e4m3;
+  Tables e5m2;
+
+  FormatTables() {
+    fill(DType::kFloat8E4M3, e4m3);
+    fill(DType::kFloat8E5M2, e5m2);
+  }
+  static void fill(DType format, Tables& t) {
+    for (int m = 0; m < 128; ++m) {
+      const uint32_t bits = fp32_bits_of_fp16(fp16_pattern(format, static_cast<uint8_t>(m)));
+      t.lo[m] = static_cast<uint8_t>(bits >> 16);
+      t.hi[m] = static_cast<uint8_t>(bits >> 24);
+    }
+  }
+};
+
+const Tables& tables_for(DType format) {
+  static const FormatTables tables;
+  return format == DType::kFloat8E4M3 ? tables.e4m3 : tables.e5m2;
+}
+
+// The tables in registers: two 64-byte halves each.
+struct Lookup {
+  __m512i lo0, lo1, hi0, hi1;
+};
+
+PAGODA_VBMI_TARGET inline Lookup load_lookup(const Tables& t) {
+  return {_mm512_load_si512(t.lo), _mm512_load_si512(t.lo + 64), _mm512_load_si512(t.hi),
+          _mm512_load_si512(t.hi + 64)};
+}
+
+// Interleaves work inside 128-bit lanes: byte-to-word interleave k of lane L
+// takes bytes 16L + 8k .. +7, word-to-dword interleave k of those the
+// quarter 4k .. 4k+3 of them. The codes are permuted first so that each
+// output vector holds consecutive elements.
+// fp32: output vector k (elements 16k .. 16k+15), lane L, dword i comes from
+// permuted byte 16L + 4k + i, which must be code 16k + 4L + i.
+// bf16: output vector k (elements 32k .. 32k+31), lane L, word i comes from
+// permuted byte 16L + 8k + i, which must be code 32k + 8L + i.
+struct Orders {
+  alignas(64) uint8_t f32[64];
+  alignas(64) uint8_t bf16[64];
+  Orders() {
+    for (int l = 0; l < 4; ++l) {
+      for (int k = 0; k < 4; ++k) {
+        for (int i = 0; i < 4; ++i) f32[16 * l + 4 * k + i] = static_cast<uint8_t>(16 * k + 4 * l + i);
+      }
+      for (int k = 0; k < 2; ++k) {
+        for (int i = 0; i < 8; ++i) bf16[16 * l + 8 * k + i] = static_cast<uint8_t>(32 * k + 8 * l + i);
+      }
+    }
+  }
+};
+
+const Orders& orders() {
+  static const Orders o;
+  return o;
+}
+
+// 64 codes as their bf16 words in two vectors (interleaved inside 128-bit lanes
+// as `order` arranges), low bytes and high bytes looked up by magnitude.
+PAGODA_VBMI_TARGET inline void widen64(const uint8_t* in, const Lookup& t, __m512i order, __m512i& w0,
+                                       __m512i& w1) {
+  const __m512i c = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(in));
+  const __m512i lo = _mm512_permutex2var_epi8(t.lo0, c, t.lo1);  // index bits 0..6: bit 7 (the sign) unused
+  __m512i hi = _mm512_permutex2var_epi8(t.hi0, c, t.hi1);
+  hi = _mm512_ternarylogic_epi32(hi, c, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);  // hi | (c & 0x80)
+  w0 = _mm512_unpacklo_epi8(lo, hi);
+  w1 = _mm512_unpackhi_epi8(lo, hi);
+}
+
+}  // namespace
+
+bool available() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("f16c");
+  return has;
+}
+
+uint32_t widened_bits(DType format, uint8_t code) {
+  const Tables& t = tables_for(format);
+  const uint32_t m = code & 0x7Fu;
+  return (static_cast<uint32_t>(t.hi[m] | (code & 0x80u)) << 24) | (static_cast<uint32_t>(t.lo[m]) << 16);
+}
+
+PAGODA_VBMI_TARGET void rows_to_f32(DType format, const uint8_t* in, int64_t stride, int64_t n, int32_t width,
+                                    float* out) {
+  const Lookup t = load_lookup(tables_for(format));
+  const __m512i order = _mm512_load_si512(orders().f32);
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t r = 0; r < n; ++r, in += stride) {
+    for (int32_t i = 0; i < width; i += 64, out += 64) {
+      __m512i w0, w1;
+      widen64(in + i, t, order, w0, w1);
+      _mm512_storeu_si512(out, _mm512_unpacklo_epi16(zero, w0));
+      _mm512_storeu_si512(out + 16, _mm512_unpackhi_epi16(zero, w0));
+      _mm512_storeu_si512(out + 32, _mm512_unpacklo_epi16(zero, w1));
+      _mm512_storeu_si512(out + 48, _mm512_unpackhi_epi16(zero, w1));
+    }
+  }
+}
+
+PAGODA_VBMI_TARGET void rows_to_bf16(DType format, const uint8_t* in, int64_t stride, int64_t n, int32_t width,
+                                     uint16_t* out) {
+  const Lookup t = load_lookup(tables_for(format));
+  const __m512i order = _mm512_load_si512(orders().bf16);
+  for (int64_t r = 0; r < n; ++r, in += stride) {
+    for (int32_t i = 0; i < width; i += 64, out += 64) {
+      __m512i w0, w1;
+      widen64(in + i, t, order, w0, w1);
+      _mm512_storeu_si512(out, w0);
+      _mm512_storeu_si512(out + 32, w1);
+    }
+  }
+}
+
+}  // namespace pagoda::cpu::fp8tab

@@ -1,0 +1,39 @@
+#pragma once
+// fp8 cache rows widened through byte tables (AVX-512 VBMI: Ice Lake, Zen 4
+// and later) instead of integer arithmetic on each element.
+//
+// Every fp8 value is exact in bf16, so a code's widened value is 16 bits
+// (the top half of its fp32 bits; the bottom half is zero). VPERMI2B looks up
+// 64 codes at a time in a 128-entry byte table held in two registers, indexed
+// by the code's low 7 bits (the magnitude): one lookup gives the low bytes,
+// one the high bytes, and the code's sign bit is OR-ed into the high byte.
+// Byte and word interleaves then place each value in the top half of an fp32
+// lane (or side by side as bf16). About 10 instructions per 64 codes, where
+// the arithmetic widening of e4m3 costs 7 per 16.
+//
+// Values: exactly those of load_f32 (decode_cpu.cc), NaN payloads included:
+// the tables are built from the same fp16 bit patterns and the same hardware
+// fp16 -> fp32 conversion, so a kernel reads the same bits either way. e4m3
+// reads 2^-8 of its value, as everywhere on the CPU (fp8_read_factor).
+
+#include <cstdint>
+
+#include "pagoda/dtype.h"
+
+namespace pagoda::cpu::fp8tab {
+
+// Whether this CPU has AVX-512 VBMI (with F and BW). Asked once.
+bool available();
+
+// The fp32 value (bits) row widening gives `code` of `format`: the table's entry.
+uint32_t widened_bits(DType format, uint8_t code);
+
+// n rows of `width` codes (a multiple of 64), the first `stride` bytes apart,
+// as fp32 into out ([n][width]). Requires available().
+void rows_to_f32(DType format, const uint8_t* in, int64_t stride, int64_t n, int32_t width, float* out);
+
+// The same as bf16 bits into out ([n][width]): exact, the top halves of
+// rows_to_f32's values.
+void rows_to_bf16(DType format, const uint8_t* in, int64_t stride, int64_t n, int32_t width, uint16_t* out);
+
+}  // namespace pagoda::cpu::fp8tab

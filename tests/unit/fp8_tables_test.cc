@@ -1,0 +1,188 @@
+// The fp8 byte-table widening (kernels/cpu/fp8_tables.h) against the fp8
+// reference written apart: every code's widened value, rows of every code in
+// every position with a stride wider than the row, nothing written past the
+// rows; then the kernel on an fp8 cache with and without the tables (the
+// same bits), NaN codes inside the keys it reads, and the name it reports.
+// On a CPU without AVX-512 VBMI every case skips and says so.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cpu/decode_cpu.h"
+#include "cpu/fp8_tables.h"
+#include "pagoda/cpu_targets.h"
+#include "reference/fp8_reference.h"
+#include "unit/cache_fixture.h"
+
+namespace pagoda::testing {
+namespace {
+
+constexpr DType kFormats[] = {DType::kFloat8E4M3, DType::kFloat8E5M2};
+
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// What the kernel reads for `code`: its value, e4m3 at 2^-8 of it
+// (cpu::fp8_read_factor).
+double read_value(uint8_t code, DType format) {
+  return reference_fp8_value(code, format) / static_cast<double>(cpu::fp8_read_factor(format));
+}
+
+class Fp8Tables : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cpu::fp8tab::available()) GTEST_SKIP() << "this CPU has no AVX-512 VBMI: fp8 widens arithmetically here";
+  }
+  void TearDown() override {
+    cpu::use_fp8_tables(true);
+    EXPECT_TRUE(cpu::select_simd_target("best").ok());
+  }
+};
+
+TEST_F(Fp8Tables, EveryCodeWidensToItsValueWithItsSign) {
+  for (const DType format : kFormats) {
+    for (int c = 0; c < 256; ++c) {
+      const auto code = static_cast<uint8_t>(c);
+      const uint32_t bits = cpu::fp8tab::widened_bits(format, code);
+      const float got = from_bits(bits);
+      const double want = read_value(code, format);
+      EXPECT_EQ(bits & 0xFFFFu, 0u) << "code " << c << ": every fp8 value is a bf16 value";
+      EXPECT_EQ(bits >> 31, static_cast<uint32_t>(c >> 7)) << "code " << c;
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << dtype_name(format) << " code " << c;
+      } else {
+        EXPECT_EQ(static_cast<double>(got), want) << dtype_name(format) << " code " << c;
+      }
+    }
+  }
+}
+
+// Rows of width 512 read from rows 576 bytes apart (latent attention's V in
+// K's rows), every code at every position modulo 64 somewhere.
+TEST_F(Fp8Tables, RowsWidenElementByElementAndStopAtTheirEnd) {
+  constexpr int32_t kWidth = 512;
+  constexpr int64_t kStride = 576;
+  constexpr int64_t kRows = 5;
+  std::mt19937 rng(11);
+  std::vector<uint8_t> in(static_cast<size_t>(kRows * kStride));
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>((i * 37 + rng() % 3) & 0xFF);
+  for (const DType format : kFormats) {
+    SCOPED_TRACE(dtype_name(format));
+    const float sentinel = 12345.f;
+    std::vector<float> f32(static_cast<size_t>(kRows * kWidth + 64), sentinel);
+    std::vector<uint16_t> b16(static_cast<size_t>(kRows * kWidth + 64), uint16_t{0xABCD});
+    cpu::fp8tab::rows_to_f32(format, in.data(), kStride, kRows, kWidth, f32.data());
+    cpu::fp8tab::rows_to_bf16(format, in.data(), kStride, kRows, kWidth, b16.data());
+    int mismatches = 0;
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int32_t e = 0; e < kWidth; ++e) {
+        const uint8_t code = in[static_cast<size_t>(r * kStride + e)];
+        const size_t at = static_cast<size_t>(r * kWidth + e);
+        const uint32_t want = cpu::fp8tab::widened_bits(format, code);
+        if (bits_of(f32[at]) != want || b16[at] != want >> 16) ++mismatches;
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
+    for (size_t i = static_cast<size_t>(kRows * kWidth); i < f32.size(); ++i) {
+      EXPECT_EQ(f32[i], sentinel) << "written past the rows at " << i;
+      EXPECT_EQ(b16[i], 0xABCD) << "written past the rows at " << i;
+    }
+  }
+}
+
+// The kernel with and without the tables on one cache: tiles (four query rows
+// per sequence) and in-place reads (one), both formats, a NaN in one token's
+// V (one output element of its head's rows turns NaN) and in another's K, so
+// that runs with a NaN code take the tile. The values read are the same, so
+// are the bits.
+TEST_F(Fp8Tables, TheKernelGivesTheSameBitsWithAndWithoutTables) {
+  for (const DType format : kFormats) {
+    SCOPED_TRACE(dtype_name(format));
+    CacheGeometry g;
+    g.num_layers = 1;
+    g.num_kv_heads = 2;
+    g.num_q_heads = 8;
+    g.head_dim = 128;
+    g.block_size = 16;
+    g.dtype = format;
+    g.num_blocks = 64;
+    FixtureOptions o;
+    o.geometry = g;
+    o.seed = 5;
+    CacheFixture f(o);
+    const std::vector<SequenceId> ids = f.add_sequences(0, {40, 300, 7});
+    const size_t row = static_cast<size_t>(g.num_kv_heads) * g.head_dim;
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> k(row), v(row);
+    for (size_t i = 0; i < row; ++i) {
+      k[i] = normal(f.rng());
+      v[i] = normal(f.rng());
+    }
+    std::vector<float> v_nan = v;
+    v_nan[3] = std::numeric_limits<float>::quiet_NaN();  // kv head 0, element 3
+    std::vector<float> k_nan = k;
+    k_nan[static_cast<size_t>(g.head_dim)] = std::numeric_limits<float>::quiet_NaN();  // kv head 1
+    f.append_rows(ids[0], 0, 1, k, v_nan);
+    f.append_random(ids[0], 0, 7);
+    f.append_rows(ids[2], 0, 1, k_nan, v);
+    const int32_t heads = g.num_q_heads;
+    const auto element = [&](const std::vector<float>& out, int32_t r, int32_t h, int32_t e) {
+      return out[(static_cast<size_t>(r) * heads + h) * g.head_dim + e];
+    };
+    for (const int32_t q_len : {1, 4}) {
+      SCOPED_TRACE(q_len);
+      CacheFixture::Variant rows;
+      rows.q_lengths.assign(ids.size(), q_len);
+      const CacheFixture::Queries q = f.random_queries(static_cast<int32_t>(ids.size()) * q_len, DType::kFloat32);
+      cpu::use_fp8_tables(true);
+      ASSERT_TRUE(cpu::fp8_tables_serve(g));
+      const auto with = f.decode(0, ids, q, 0.f, SplitMode::kDeterministic, 64, rows);
+      cpu::use_fp8_tables(false);
+      ASSERT_FALSE(cpu::fp8_tables_serve(g));
+      const auto without = f.decode(0, ids, q, 0.f, SplitMode::kDeterministic, 64, rows);
+      ASSERT_EQ(with.out.size(), without.out.size());
+      EXPECT_EQ(std::memcmp(with.out.data(), without.out.data(), with.out.size() * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(with.lse.data(), without.lse.data(), with.lse.size() * sizeof(float)), 0);
+      for (int32_t i = 0; i < q_len; ++i) {
+        EXPECT_TRUE(std::isnan(element(with.out, i, 0, 3))) << "V's NaN reaches its element";
+        EXPECT_FALSE(std::isnan(element(with.out, i, 0, 4))) << "and no other";
+        const int32_t c = 2 * q_len + i;  // the third sequence's rows
+        EXPECT_FALSE(std::isnan(element(with.out, c, 0, 0))) << "K's NaN stays in its own head";
+      }
+    }
+  }
+}
+
+TEST_F(Fp8Tables, TheKernelNameSaysVbmiForFp8CachesOnAvx3Only) {
+  CacheGeometry g;
+  g.num_kv_heads = 2;
+  g.num_q_heads = 8;
+  g.dtype = DType::kFloat8E4M3;
+  CacheGeometry fp16 = g;
+  fp16.dtype = DType::kFloat16;
+  ASSERT_TRUE(cpu::select_simd_target("avx3").ok());
+  EXPECT_EQ(cpu::kernel_target_name(g), "AVX3+VBMI");
+  EXPECT_EQ(cpu::kernel_target_name(fp16), "AVX3");
+  cpu::use_fp8_tables(false);
+  EXPECT_EQ(cpu::kernel_target_name(g), "AVX3");
+  cpu::use_fp8_tables(true);
+  ASSERT_TRUE(cpu::select_simd_target("avx2").ok());
+  EXPECT_FALSE(cpu::fp8_tables_serve(g)) << "an AVX2 selection runs no AVX-512 instruction";
+  EXPECT_EQ(cpu::kernel_target_name(g), "AVX2");
+}
+
+}  // namespace
+}  // namespace pagoda::testing

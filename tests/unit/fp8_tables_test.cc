@@ -6,6 +6,7 @@
 // On a CPU without AVX-512 VBMI every case skips and says so.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -22,18 +23,6 @@ namespace pagoda::testing {
 namespace {
 
 constexpr DType kFormats[] = {DType::kFloat8E4M3, DType::kFloat8E5M2};
-
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
 
 // What the kernel reads for `code`: its value, e4m3 at 2^-8 of it
 // (cpu::fp8_read_factor).
@@ -57,7 +46,7 @@ TEST_F(Fp8Tables, EveryCodeWidensToItsValueWithItsSign) {
     for (int c = 0; c < 256; ++c) {
       const auto code = static_cast<uint8_t>(c);
       const uint32_t bits = cpu::fp8tab::widened_bits(format, code);
-      const float got = from_bits(bits);
+      const float got = std::bit_cast<float>(bits);
       const double want = read_value(code, format);
       EXPECT_EQ(bits & 0xFFFFu, 0u) << "code " << c << ": every fp8 value is a bf16 value";
       EXPECT_EQ(bits >> 31, static_cast<uint32_t>(c >> 7)) << "code " << c;
@@ -92,7 +81,7 @@ TEST_F(Fp8Tables, RowsWidenElementByElementAndStopAtTheirEnd) {
         const uint8_t code = in[static_cast<size_t>(r * kStride + e)];
         const size_t at = static_cast<size_t>(r * kWidth + e);
         const uint32_t want = cpu::fp8tab::widened_bits(format, code);
-        if (bits_of(f32[at]) != want || b16[at] != want >> 16) ++mismatches;
+        if (std::bit_cast<uint32_t>(f32[at]) != want || b16[at] != want >> 16) ++mismatches;
       }
     }
     EXPECT_EQ(mismatches, 0);

@@ -1,6 +1,7 @@
 // fp8 rows widened through VBMI byte tables (fp8_tables.h).
 #include "cpu/fp8_tables.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstring>
@@ -115,9 +116,16 @@ PAGODA_VBMI_TARGET inline void widen64(const uint8_t* in, const Lookup& t, __m51
 
 }  // namespace
 
+// VBMI and F16C from CPUID (leaf 7 ECX bit 1, leaf 1 ECX bit 29): clang's
+// __builtin_cpu_supports knows neither name; AVX-512 F and BW from the
+// builtin, which also asks the OS for the 512-bit register state.
 bool available() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("f16c");
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0 || (c & (1u << 1)) == 0) return false;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 29)) == 0) return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }();
   return has;
 }
 

@@ -89,7 +89,7 @@ HWY_INLINE VF load_f32(const T* HWY_RESTRICT p) {
 
 // e4m3 rows known to hold no NaN code read without the NaN step: 3 of its 8
 // instructions a vector. Each run read in place is scanned first
-// (runs_in_place); a run with a NaN code goes through a tile instead.
+// (readable_in_place); a run with a NaN code goes through a tile instead.
 template <typename T>
 using InPlace = std::conditional_t<std::is_same_v<T, Fp8E4M3Bits>, Fp8E4M3FiniteBits, T>;
 
@@ -489,7 +489,8 @@ constexpr DType kFp8Format = std::is_same_v<T, Fp8E4M3Bits> ? DType::kFloat8E4M3
 // pool: kD, or head_dim for V as K's prefix) into `tile` ([n][kD] fp32), run by
 // run: the rows of one block are contiguous, so each run converts (or, for an
 // fp32 cache, copies) as one stream. Used when several row blocks share the
-// rows, and for every fp8 read through the byte tables (`tables`).
+// rows, and for runs an e4m3 read cannot take in place; fp8 runs widen through
+// the byte tables with `tables`.
 template <typename T, int kD, int kStride = kD>
 HWY_NOINLINE void load_tile(const PoolRows& src, int64_t pos, int64_t n, float* HWY_RESTRICT tile,
                             bool tables = false) {

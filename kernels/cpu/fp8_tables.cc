@@ -4,7 +4,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 
-#include <cstring>
+#include <bit>
 
 // GCC 12's AVX-512 intrinsics start their results from _mm512_undefined_*(),
 // which -Wuninitialized reports once inlined (GCC bug 105593, fixed in 13).
@@ -30,10 +30,7 @@ uint16_t fp16_pattern(DType format, uint8_t code) {
 }
 
 PAGODA_VBMI_TARGET uint32_t fp32_bits_of_fp16(uint16_t h) {
-  const float f = _cvtsh_ss(h);  // VCVTPH2PS, as load_f32's PromoteTo
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
+  return std::bit_cast<uint32_t>(_cvtsh_ss(h));  // VCVTPH2PS, as load_f32's PromoteTo
 }
 
 // Low and high bytes of the bf16 value of each magnitude 0..127.

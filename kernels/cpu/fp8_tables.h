@@ -25,7 +25,8 @@ namespace pagoda::cpu::fp8tab {
 // Whether this CPU has AVX-512 VBMI (with F and BW). Asked once.
 bool available();
 
-// The fp32 value (bits) row widening gives `code` of `format`: the table's entry.
+// The fp32 value (bits) row widening gives `code` of `format`: the table's
+// entry. Requires available() (the tables are built with F16C's conversion).
 uint32_t widened_bits(DType format, uint8_t code);
 
 // n rows of `width` codes (a multiple of 64), the first `stride` bytes apart,

@@ -34,6 +34,7 @@ struct KernelOptions {
   std::string dtype = "fp16";
   std::vector<std::string> modes = {"deterministic", "fast"};
   std::vector<std::string> targets = {"best"};
+  std::vector<std::string> prefetch = {"auto"};  // CPU prefetch levels to run (select_prefetch_level)
   int32_t split_tokens = 512;
   int32_t shared_prefix = 0;  // > 0: every sequence a fork sharing its first tokens with sequence 0
   int32_t threads = 2;
@@ -132,6 +133,10 @@ int run(const KernelOptions& o) {
     fmt::print(stderr, "pagoda-bench kernel: --target: expected best with --backend cuda, received a CPU target\n");
     return 2;
   }
+  if (!cpu && (o.prefetch.size() != 1 || o.prefetch[0] != "auto")) {
+    fmt::print(stderr, "pagoda-bench kernel: --prefetch: expected auto with --backend cuda, received a CPU level\n");
+    return 2;
+  }
   const int32_t max_context = *std::max_element(o.contexts.begin(), o.contexts.end());
   const int32_t min_context = *std::min_element(o.contexts.begin(), o.contexts.end());
   if (o.shared_prefix > min_context) {
@@ -189,21 +194,13 @@ int run(const KernelOptions& o) {
   report.batch = o.batch;
   report.split_tokens = o.split_tokens;
   report.threads = cpu ? (*made)->num_workers() : 0;
-  for (const std::string& target : o.targets) {
-    if (cpu) {
-      if (Status s = cpu::select_simd_target(target); !s.ok()) {
-        fmt::print(stderr, "pagoda-bench kernel: {}\n", s.message());
-        return 2;
-      }
-    }
-    const cpu::MatrixUnit unit = cpu ? cpu::matrix_unit_for(g) : cpu::MatrixUnit::kNone;
-    const std::string target_name = cpu ? cpu::kernel_target_name(g) : "cuda";
-    // The compute roof on the same threads and unit (the matrix unit's where
-    // one serves the cache), next to the rows it bounds.
-    const double compute_peak = cpu ? cpu::measure_compute_peak(g, report.threads) : 0.0;
-    const char* compute_unit = unit == cpu::MatrixUnit::kAmx          ? "amx"
-                               : unit == cpu::MatrixUnit::kAvx512Bf16 ? "bf16dot"
-                                                                      : "fma";
+  if (cpu) {
+    (void)cpu::select_prefetch_level("auto");
+    report.prefetch_auto = cpu::prefetch_level_name();
+  }
+  // Every (context, q_len, window, mode) row of one target and prefetch
+  // selection, from `base` (which names them and the compute roof).
+  const auto time_rows = [&](const KernelRow& base) -> bool {
     for (int32_t context : o.contexts) {
       std::vector<int32_t> lengths(o.batch, context);
       double naive_s = 0;  // the naive path: one row per sequence, no window
@@ -231,14 +228,11 @@ int run(const KernelOptions& o) {
             launch.q_indptr = q_len > 1 ? q_indptr.data() : nullptr;
             launch.sliding_window = window;
             DecodeOutputs d{out.data(), lse.data(), splits.data()};
-            KernelRow r;
-            r.target = target_name;
+            KernelRow r = base;
             r.context = context;
             r.q_len = q_len;
             r.window = window;
             r.mode = mode;
-            r.compute_peak = compute_peak;
-            r.compute = compute_unit;
             r.flops = launch_flops(g, o.batch, context, q_len, window);
             // The twins first (or the only row without --shared-prefix), then the forks.
             for (const bool forks : {false, true}) {
@@ -247,7 +241,7 @@ int run(const KernelOptions& o) {
               StatusOr<Timed> timed = time_launch(stream, launch, d, o);
               if (!timed.ok()) {
                 fmt::print(stderr, "pagoda-bench kernel: {}\n", timed.status().message());
-                return 1;
+                return false;
               }
               if (forks) r.unshared_s = r.kernel_s;
               r.shared_prefix = forks ? shared_blocks * o.block_size : 0;
@@ -262,8 +256,39 @@ int run(const KernelOptions& o) {
         }
       }
     }
+    return true;
+  };
+  for (const std::string& target : o.targets) {
+    if (cpu) {
+      if (Status s = cpu::select_simd_target(target); !s.ok()) {
+        fmt::print(stderr, "pagoda-bench kernel: {}\n", s.message());
+        return 2;
+      }
+    }
+    const cpu::MatrixUnit unit = cpu ? cpu::matrix_unit_for(g) : cpu::MatrixUnit::kNone;
+    KernelRow base;
+    base.target = cpu ? cpu::kernel_target_name(g) : "cuda";
+    // The compute roof on the same threads and unit (the matrix unit's where
+    // one serves the cache), next to the rows it bounds.
+    base.compute_peak = cpu ? cpu::measure_compute_peak(g, report.threads) : 0.0;
+    base.compute = unit == cpu::MatrixUnit::kAmx          ? "amx"
+                   : unit == cpu::MatrixUnit::kAvx512Bf16 ? "bf16dot"
+                                                          : "fma";
+    for (const std::string& prefetch : o.prefetch) {
+      if (cpu) {
+        if (Status s = cpu::select_prefetch_level(prefetch); !s.ok()) {
+          fmt::print(stderr, "pagoda-bench kernel: {}\n", s.message());
+          return 2;
+        }
+        base.prefetch = prefetch;
+      }
+      if (!time_rows(base)) return 1;
+    }
   }
-  if (cpu) (void)cpu::select_simd_target("best");
+  if (cpu) {
+    (void)cpu::select_simd_target("best");
+    (void)cpu::select_prefetch_level("auto");
+  }
   if (o.json) {
     print_json(report);
   } else {
@@ -306,6 +331,11 @@ void add_kernel_command(CLI::App& app) {
                   "without them), avx3 (AVX-512 FMAs only), avx2")
       ->delimiter(',')
       ->check(CLI::IsMember({"best", "amx", "avx512bf16", "avx3", "avx2"}));
+  sub->add_option("--prefetch", o->prefetch,
+                  "CPU prefetch levels to run each target with, in order (comma-separated): auto (the levels "
+                  "measured faster on this CPU family), l1, l2")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"auto", "l1", "l2"}));
   sub->add_option("--split-tokens", o->split_tokens, "split-KV chunk length in deterministic mode");
   sub->add_option("--shared-prefix", o->shared_prefix,
                   "tokens every sequence shares with the first (a batch of forks of one parent), timed against the "

@@ -39,15 +39,16 @@ void print_table(const KernelReport& rep) {
              rep.batch, g.num_q_heads, g.num_kv_heads, g.group_size(), g.head_dim, g.v_dim(),
              g.latent() ? " (latent: V is K's prefix)" : "", dtype_name(g.dtype), g.block_size, flops_per_byte(g),
              kBaselineMethod);
-  fmt::print("{:>13} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9}\n",
-             "target", "context", "q_len", "window", "shared", "mode", "chunk", "kernel us", "K/V GB/s", "read GB/s",
+  if (!rep.prefetch_auto.empty()) fmt::print("prefetch auto on this CPU: {}\n\n", rep.prefetch_auto);
+  fmt::print("{:>16} {:>8} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9}\n",
+             "target", "prefetch", "context", "q_len", "window", "shared", "mode", "chunk", "kernel us", "K/V GB/s", "read GB/s",
              "of read", "peak GF/s", "of roof", "bound", "vs naive", "vs twins");
   for (const KernelRow& r : rep.rows) {
     fmt::print(
-        "{:>13} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>6} "
+        "{:>16} {:>8} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>6} "
         "{:>8.1f}x {:>8.2f}x\n",
-        r.target, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens, r.kernel_s * 1e6,
-        r.bandwidth() / 1e9, r.baseline / 1e9, r.bandwidth() / r.baseline, r.compute_peak / 1e9,
+        r.target, r.prefetch.empty() ? "-" : r.prefetch, r.context, r.q_len, r.window, r.shared_prefix, r.mode,
+        r.chunk_tokens, r.kernel_s * 1e6, r.bandwidth() / 1e9, r.baseline / 1e9, r.bandwidth() / r.baseline, r.compute_peak / 1e9,
         rep.fraction_of_roofline(r), rep.bound(r), r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0,
         r.unshared_s > 0 ? r.unshared_s / r.kernel_s : 0.0);
   }
@@ -58,18 +59,18 @@ void print_json(const KernelReport& rep) {
   fmt::print("{{\"benchmark\": \"kernel\", \"backend\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"batch\": {}, "
              "\"q_heads\": {}, \"kv_heads\": {}, \"head_dim\": {}, \"v_head_dim\": {}, \"dtype\": \"{}\", "
              "\"block_size\": {}, \"split_tokens\": {}, \"flops_per_kv_byte_and_row\": {:.3f}, \"baseline_method\": "
-             "\"{}\", \"rows\": [",
+             "\"{}\", \"prefetch_auto\": \"{}\", \"rows\": [",
              rep.backend, rep.device, rep.threads, rep.batch, g.num_q_heads, g.num_kv_heads, g.head_dim, g.v_dim(),
-             dtype_name(g.dtype), g.block_size, rep.split_tokens, flops_per_byte(g), kBaselineMethod);
+             dtype_name(g.dtype), g.block_size, rep.split_tokens, flops_per_byte(g), kBaselineMethod, rep.prefetch_auto);
   for (size_t i = 0; i < rep.rows.size(); ++i) {
     const KernelRow& r = rep.rows[i];
-    fmt::print("{}{{\"target\": \"{}\", \"context\": {}, \"q_len\": {}, \"window\": {}, \"shared_prefix\": {}, "
+    fmt::print("{}{{\"target\": \"{}\", \"prefetch\": \"{}\", \"context\": {}, \"q_len\": {}, \"window\": {}, \"shared_prefix\": {}, "
                "\"mode\": \"{}\", \"chunk_tokens\": {}, \"kernel_us\": {:.2f}, \"kv_bytes\": {:.0f}, \"flops\": {:.0f}, "
                "\"kv_gb_per_s\": {:.3f}, \"baseline_gb_per_s\": {:.3f}, \"fraction_of_baseline\": {:.4f}, "
                "\"fma_peak_gflops\": {:.2f}, \"compute_unit\": \"{}\", \"roofline_us\": {:.2f}, \"fraction_of_roofline\": {:.4f}, "
                "\"bound\": \"{}\", \"naive_us\": {:.2f}, \"speedup_over_naive\": {:.3f}, "
                "\"unshared_us\": {:.2f}, \"speedup_over_unshared\": {:.3f}}}",
-               i ? ", " : "", r.target, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens,
+               i ? ", " : "", r.target, r.prefetch, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens,
                r.kernel_s * 1e6, r.kv_bytes, r.flops, r.bandwidth() / 1e9, r.baseline / 1e9,
                r.bandwidth() / r.baseline, r.compute_peak / 1e9, r.compute, rep.roofline_seconds(r) * 1e6,
                rep.fraction_of_roofline(r), rep.bound(r), r.naive_s * 1e6,

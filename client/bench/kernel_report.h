@@ -14,6 +14,7 @@ namespace pagoda::bench {
 
 struct KernelRow {
   std::string target;      // SIMD target that ran (CPU), or "cuda"
+  std::string prefetch;    // the CPU's prefetch selection: auto, l1 or l2 ("" for CUDA)
   int32_t context = 0;
   int32_t q_len = 1;       // query rows per sequence (docs/design.md, "Attention variants")
   int32_t window = 0;      // sliding window, 0: none
@@ -39,6 +40,7 @@ struct KernelReport {
   int32_t batch = 0;
   int32_t split_tokens = 0;
   int32_t threads = 0;
+  std::string prefetch_auto;  // what "auto" resolves to on this CPU ("" for CUDA)
   std::vector<KernelRow> rows;
 
   // The least time a launch can take: its bytes at the read bandwidth or its

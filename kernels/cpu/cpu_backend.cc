@@ -201,6 +201,7 @@ StatusOr<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& option
     return InvalidArgument("threads: expected >= 0 (0 = all cores), received {}", options.cpu_threads);
   }
   if (options.cpu_target != "best") PAGODA_RETURN_IF_ERROR(cpu::select_simd_target(options.cpu_target));
+  if (options.cpu_prefetch != "auto") PAGODA_RETURN_IF_ERROR(cpu::select_prefetch_level(options.cpu_prefetch));
   const int32_t threads = options.cpu_threads > 0
                               ? options.cpu_threads
                               : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));

@@ -65,6 +65,7 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
   const float qscale = plan_.constants().q_scale * fp8_read_factor(g.dtype);
   unit_ = matrix_unit_for(g);
   fp8_tables_ = fp8_tables_serve(g);
+  prefetch_ = prefetch_levels();
   score_scale_ = unit_ != MatrixUnit::kNone ? qscale : 1.f;
   if (unit_ == MatrixUnit::kNone) {
     for (float& x : q32_) x *= qscale;
@@ -131,6 +132,7 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   t.soft_cap = plan_.constants().soft_cap;
   t.unit = unit_;
   t.fp8_tables = fp8_tables_;
+  t.prefetch = prefetch_;
   t.score_scale = score_scale_;
   t.m = stats_.data();
   t.l = stats_.data() + plan_.partial_rows();

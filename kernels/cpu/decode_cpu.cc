@@ -563,7 +563,7 @@ void partial_impl(const PartialTask& t) {
   const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T));
   constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
   const int64_t lines_per_row = kLinesPerRow;
-  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * lines_per_row, prefetch_level_for(rows));
+  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * lines_per_row, t.prefetch.fma(rows));
   // One row block reads the cache directly (InPlace<T>); more share a tile,
   // converted once (an fp8 tile through the byte tables where they serve).
   const bool direct_k = rows <= kRowBlock && !rows_in_lanes;
@@ -699,14 +699,10 @@ HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_
 // AVX512-BF16 dot products (bf16_dot.h), on the same packed operands
 // (bf16_blocks.h). The tiles work on all 16 rows of a block; the dot products
 // skip the padding rows.
-// Where each unit's task requests its lines (decode_tiles.h): the tiles were
-// measured with L1; the dot products at every row count faster with L2
-// (bf16, 8 x 4096 tokens, 2 threads on a Zen 4 guest: GQA 4 with four query
-// rows at 9.0-9.9 ms against 11.5-12.2 ms, GQA 8 at 7.6-7.8 against 8.8-8.9,
-// one query row level).
+// Each unit's tasks request their lines at its own level (prefetch_levels.h).
 struct AmxUnit {
   using Scope = amx::TileScope;
-  static constexpr PrefetchLevel kPrefetchLevel = PrefetchLevel::kL1;
+  static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.amx; }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
     amx::scores(qb, d, keys, groups, rows, scale, out, out_stride, requests);
@@ -718,7 +714,7 @@ struct AmxUnit {
 };
 struct DotUnit {
   struct Scope {};  // no per-thread state
-  static constexpr PrefetchLevel kPrefetchLevel = PrefetchLevel::kL2;
+  static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.bf16_dot; }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
     bf16dot::scores(qb, d, keys, groups, rows, scale, out, out_stride, requests);
@@ -764,7 +760,7 @@ void partial_bf16_unit(const PartialTask& t) {
   const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(T));
   const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T));
   constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
-  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * kLinesPerRow, Unit::kPrefetchLevel);
+  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * kLinesPerRow, Unit::prefetch_level(t.prefetch));
   for (int32_t b = 0; b < blocks; ++b) {
     const float* q[kTileRows];
     for (int32_t i = 0; i < kTileRows; ++i) {

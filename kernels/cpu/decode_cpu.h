@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cpu/prefetch_levels.h"
 #include "pagoda/dtype.h"
 #include "pagoda/key_ranges.h"
 #include "pagoda/paged_kv.h"
@@ -83,6 +84,8 @@ struct PartialTask {
   // An fp8 cache widened through byte tables (fp8_tables_serve in
   // pagoda/cpu_targets.h): the same values as load_f32's, in fewer instructions.
   bool fp8_tables = false;
+  // Where each path requests its lines ahead of the reads (prefetch_levels()).
+  PrefetchLevels prefetch;
 
   // Out, row (p, h) at index position[p].partial + h:
   float* m = nullptr;                 // running max, base 2 (-inf: no key)

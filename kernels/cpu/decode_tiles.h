@@ -12,6 +12,7 @@
 #include <hwy/base.h>
 
 #include "cpu/decode_cpu.h"
+#include "cpu/prefetch_levels.h"
 
 namespace pagoda::cpu {
 
@@ -83,26 +84,6 @@ class ReadPlan {
   int64_t begin_;
   int64_t end_;
 };
-
-// Where LinePrefetch puts the lines it requests. A task of few rows per K/V
-// element is bound by memory: a core keeps more requests in flight to L2 than
-// into L1, whose fill buffers run out first at these distances, so its lines
-// go to L2 (prefetcht1 on x86) and the compute loops' own loads find them one
-// level down. A task of many rows is bound by its multiplies, which then
-// should not wait on L2: its lines go to L1 (prefetcht0). The level changes
-// no bits, only where a line waits.
-enum class PrefetchLevel { kL1, kL2 };
-
-// FMA-path tasks of up to this many rows request into L2 (the matrix units
-// choose their own level, decode_cpu.cc). Measured on a 2-vCPU AMD
-// EPYC (Zen 4) guest, 8 x 4096 tokens, 2 threads: fp16 GQA 4 with one query
-// row at 8.9-9.7 ms against 9.3-12.6 ms with the L1 hint, but with four rows
-// (16 per task) at 27 ms against 18-21 ms.
-inline constexpr int32_t kL2PrefetchMaxRows = 8;
-
-inline PrefetchLevel prefetch_level_for(int32_t rows) {
-  return rows <= kL2PrefetchMaxRows ? PrefetchLevel::kL2 : PrefetchLevel::kL1;
-}
 
 // Requests cache lines in the order the task reads them (per sub-block: the K
 // runs, then the V runs), a fixed distance ahead. The runs of one KV head are

@@ -103,6 +103,7 @@ Status PagodaServer::open_backend_and_metrics() {
   options.geometry = config_.geometry;
   options.cpu_threads = raw.threads;
   options.cpu_target = raw.cpu_target;
+  options.cpu_prefetch = raw.cpu_prefetch;
   options.max_batch = raw.max_batch;
   options.kv_scales = config_.kv_scales;
   StatusOr<std::unique_ptr<Backend>> backend = make_backend(options);

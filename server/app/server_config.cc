@@ -53,6 +53,9 @@ StatusOr<EffectiveConfig> resolve_config(const ServerConfig& c) {
   if (!one_of(c.cpu_target, {"best", "amx", "avx512bf16", "avx3", "avx2"})) {
     return InvalidArgument("--cpu-target: expected best, amx, avx512bf16, avx3 or avx2, received '{}'", c.cpu_target);
   }
+  if (!one_of(c.cpu_prefetch, {"auto", "l1", "l2"})) {
+    return InvalidArgument("--cpu-prefetch: expected auto, l1 or l2, received '{}'", c.cpu_prefetch);
+  }
   if (!one_of(c.backend, {"auto", "cpu", "cuda"})) {
     return InvalidArgument("--backend: expected auto, cpu or cuda, received '{}'", c.backend);
   }
@@ -169,13 +172,13 @@ std::string describe(const EffectiveConfig& e) {
       "layers={} q_heads={} kv_heads={} head_dim={} v_head_dim={} block_size={} num_blocks={} cache_bytes={} "
       "cache_dtype={} kv_scales={} split_tokens={} mode={} max_batch={} max_batch_wait_us={} max_message_bytes={} "
       "max_label_bytes={} max_request_tokens={} max_request_blocks={} max_stream_in_flight={} idle_ttl={}s "
-      "threads={} cpu_target={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={} "
+      "threads={} cpu_target={} cpu_prefetch={} backend={} drain_timeout={}s metrics_address={} determinism_sample_rate={} "
       "log_summary_interval={}s tls={} auth={} tenant_max_blocks={} tenant_max_sequences={} max_sequences={} "
       "max_sequence_tokens={} snapshot_dir={} metrics_tenant_labels={} metrics_auth={}",
       g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim, g.v_dim(), g.block_size, g.num_blocks,
       block_bytes(g) * g.num_blocks, dtype_name(g.dtype), c.kv_scales, c.split_tokens, c.mode, c.max_batch,
       c.max_batch_wait_us, c.max_message_bytes, c.max_label_bytes, c.max_request_tokens, e.max_request_blocks,
-      c.max_stream_in_flight, c.idle_ttl, c.threads, c.cpu_target, c.backend, c.drain_timeout, c.metrics_address,
+      c.max_stream_in_flight, c.idle_ttl, c.threads, c.cpu_target, c.cpu_prefetch, c.backend, c.drain_timeout, c.metrics_address,
       c.determinism_sample_rate, c.log_summary_interval,
       !e.tls.enabled() ? "off" : e.tls.client_ca.empty() ? "on" : "mutual", c.auth_tokens.empty() ? "off" : c.auth_tokens,
       c.tenant_max_blocks, c.tenant_max_sequences, c.max_sequences, c.max_sequence_tokens,

@@ -52,6 +52,7 @@ struct ServerConfig {
   bool allow_shared_memory = false;                // co-located clients may register shared memory
   int32_t threads = 0;                             // CPU backend threads; 0 = all cores
   std::string cpu_target = "best";                 // CPU kernel target: best, amx, avx512bf16, avx3, avx2
+  std::string cpu_prefetch = "auto";               // where CPU tasks request K/V lines: auto, l1, l2
   std::string backend = "auto";                    // auto, cpu, cuda
   double drain_timeout = 30;                       // seconds
   double determinism_sample_rate = 0.01;           // fraction of sequences re-checked

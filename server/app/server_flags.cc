@@ -78,6 +78,9 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
       "GQA 8 or wider; else AVX-512 or AVX2), amx (tiles for every bf16 and fp8 cache, refusing to start without AMX), "
       "avx512bf16 (dot products for every bf16 and fp8 cache, refusing to start without AVX512-BF16), avx3 (AVX-512 "
       "FMAs, fp32 arithmetic throughout), avx2");
+  add(app, "--cpu-prefetch", c.cpu_prefetch,
+      "Where CPU kernel tasks request the K/V lines they read next: auto (the levels measured faster on this CPU "
+      "family), l1 or l2 (every path); changes no bits");
   add(app, "--backend", c.backend, "auto (CUDA when a device answers, else CPU), cpu or cuda");
   add(app, "--drain-timeout", c.drain_timeout, "Seconds in-flight calls get to finish after SIGTERM/SIGINT");
   add(app, "--determinism-sample-rate", c.determinism_sample_rate,

@@ -223,7 +223,8 @@ int run_binary(const std::string& args) {
 
 TEST(ServerBinary, InvalidSettingsExitWithCode2) {
   for (const char* args : {"--split-tokens 100", "--q-heads 6 --kv-heads 4", "--num-blocks 0 --cache-bytes 1",
-                           "--cache-dtype fp8", "--head-dim 96", "--mode sometimes", "--layers x", "--cpu-target neon"}) {
+                           "--cache-dtype fp8", "--head-dim 96", "--mode sometimes", "--layers x", "--cpu-target neon",
+                           "--cpu-prefetch l3"}) {
     EXPECT_EQ(run_binary(std::string("--listen 127.0.0.1:0 --metrics-address 127.0.0.1:0 --backend cpu ") + args), 2) << args;
   }
   EXPECT_EQ(run_binary("--help"), 0);

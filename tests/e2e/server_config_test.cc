@@ -1,5 +1,5 @@
-// The server's settings: --cache-dtype's fp8 names and --kv-scales in both
-// forms, each bad value refused naming the flag (and the file's line), the
+// The server's settings: --cache-dtype's fp8 names, --cpu-prefetch's levels and
+// --kv-scales in both forms, each bad value refused naming the flag (and the file's line), the
 // expected and the received value.
 #include <gtest/gtest.h>
 
@@ -42,6 +42,18 @@ TEST(ServerConfig, Fp8CacheDtypesAreAcceptedByName) {
   EXPECT_EQ(e5m2->geometry.dtype, DType::kFloat8E5M2);
   expect_refused(resolve_with("fp8", "1,1"),
                  "--cache-dtype: expected fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2, received 'fp8'");
+}
+
+TEST(ServerConfig, CpuPrefetchLevelsAreAcceptedByName) {
+  for (const char* level : {"auto", "l1", "l2"}) {
+    ServerConfig c;
+    c.cpu_prefetch = level;
+    const auto r = resolve_config(c);
+    EXPECT_TRUE(r.ok()) << level << ": " << r.status().message();
+  }
+  ServerConfig c;
+  c.cpu_prefetch = "L3";
+  expect_refused(resolve_config(c), "--cpu-prefetch: expected auto, l1 or l2, received 'L3'");
 }
 
 TEST(ServerConfig, KvScalesAsOnePairForEveryLayer) {

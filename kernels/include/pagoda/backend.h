@@ -140,6 +140,10 @@ struct BackendOptions {
   // CPU kernel target (pagoda/cpu_targets.h): best, amx, avx512bf16, avx3 or avx2. Other
   // than best it is selected for the whole process.
   std::string cpu_target = "best";
+  // Where the CPU kernel's tasks request their lines (select_prefetch_level in
+  // pagoda/cpu_targets.h): auto, l1 or l2. Other than auto it is selected for
+  // the whole process.
+  std::string cpu_prefetch = "auto";
   int32_t cuda_device = 0;
   int32_t max_batch = 256;    // sizes each stream's device workspaces
   std::vector<KvScale> kv_scales;  // [num_layers], or empty: 1.0 everywhere

@@ -24,6 +24,19 @@ const char* simd_target_name();
 // (benches, tests, server start-up).
 Status select_simd_target(const std::string& target);
 
+// Where the kernel's tasks put the K/V lines they request ahead of their reads
+// (the runs of one KV head are 4 KiB pieces a block stride apart, which
+// hardware prefetchers do not follow): "auto" (the levels measured faster on
+// this CPU family: L1 on AMD Zen 5; elsewhere L2 for the memory-bound FMA
+// tasks of up to 8 rows and for the AVX512-BF16 dot products, L1 for wider
+// FMA tasks and the AMX tiles), "l1" or "l2" for every path. INVALID_ARGUMENT
+// for anything else. Changes no bits. Affects the whole process; call before
+// any decode runs.
+Status select_prefetch_level(const std::string& level);
+
+// The levels in force, e.g. "L1", or per path where they differ.
+std::string prefetch_level_name();
+
 // The unit that multiplies a bf16 (or fp8, widened) cache's Q.K^T and P.V in
 // bf16 with fp32 accumulation, instead of fp32 FMAs.
 enum class MatrixUnit : uint8_t {

@@ -1,0 +1,53 @@
+#pragma once
+// Where the CPU kernel's tasks put the K/V lines they request ahead of their
+// reads (LinePrefetch, decode_tiles.h): per path, chosen once per process.
+// Which level keeps the memory busiest depends on the core: how many misses
+// it keeps in flight to each level, and whether its loads wait on L2. The
+// level changes no bits, only where a line waits.
+
+#include <cstdint>
+#include <string>
+
+namespace pagoda::cpu {
+
+enum class PrefetchLevel : uint8_t { kL1, kL2 };
+
+// FMA-path tasks of up to this many rows are the "few rows" ones: bound by
+// memory, not by their multiplies.
+inline constexpr int32_t kFewPrefetchRows = 8;
+
+// A task of few rows per K/V element is bound by memory: where a core keeps
+// more requests in flight to L2 than into L1, its lines go to L2 (prefetcht1
+// on x86) and the compute loops' own loads find them one level down. A task
+// of many rows is bound by its multiplies, which should not wait on L2: its
+// lines go to L1 (prefetcht0). The defaults are "auto" for every CPU but AMD
+// Zen 5 (auto_prefetch_levels).
+struct PrefetchLevels {
+  PrefetchLevel fma_few_rows = PrefetchLevel::kL2;   // FMA tasks of up to kFewPrefetchRows rows
+  PrefetchLevel fma_many_rows = PrefetchLevel::kL1;  // wider FMA tasks
+  PrefetchLevel bf16_dot = PrefetchLevel::kL2;       // the AVX512-BF16 dot products, any width
+  PrefetchLevel amx = PrefetchLevel::kL1;            // the AMX tiles, any width
+
+  PrefetchLevel fma(int32_t rows) const { return rows <= kFewPrefetchRows ? fma_few_rows : fma_many_rows; }
+  bool operator==(const PrefetchLevels&) const = default;
+};
+
+// The x86 vendor and family (base plus extended, as AMD and Intel number
+// them: 0x19 Zen 3 and 4, 0x1A Zen 5, 6 for Intel's cores).
+struct CpuFamily {
+  bool amd = false;
+  uint32_t family = 0;
+};
+CpuFamily this_cpu_family();
+
+// The levels measured faster on a CPU family ("auto").
+PrefetchLevels auto_prefetch_levels(CpuFamily cpu);
+
+// The levels in force (select_prefetch_level in pagoda/cpu_targets.h).
+PrefetchLevels prefetch_levels();
+
+// "L1", "L2", or per path where they differ, e.g. "L2 (FMA to 8 rows, dot
+// products), L1 (wider FMA, tiles)".
+std::string describe(const PrefetchLevels& levels);
+
+}  // namespace pagoda::cpu

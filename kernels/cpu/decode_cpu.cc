@@ -38,12 +38,23 @@ using VF = hn::Vec<DF>;
 // Register blocking: kAccumulators accumulators, as many as the target's
 // registers hold beside the operands (16 AVX2 registers, 32 AVX-512 ones).
 // Scores: a block of rows x (kAccumulators / rows) tokens; P.V: rows x
-// (kAccumulators / rows) vectors. A group of up to kRowBlock query heads (GQA
-// <= 4 on AVX2, <= 8 on AVX-512) is one block, so each K and V element is
-// converted once, straight from the cache.
+// (kAccumulators / rows) vectors. Blocks have up to kRowBlock rows on every
+// target: on AVX-512, 4 rows x 4 tokens of scores amortise each q vector over
+// four tokens where 8 x 2 do over two, and measured 1.2-1.7x faster wherever a
+// task has more than 4 rows (AMD Zen 5, 8 x 4096 tokens, 2 threads: fp16 GQA 4
+// with four query rows 8.8 ms against 14.7, head_dim 64 4.8 against 7.4).
+// Block sizes change no bits: each score and each output element is one
+// chain of its own, whatever the block.
 constexpr bool kWideTarget = HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL;
 constexpr int kAccumulators = kWideTarget ? 16 : 8;
-constexpr int kRowBlock = kWideTarget ? 8 : 4;
+constexpr int kRowBlock = 4;
+// Rows up to which the cache is read in place, each block widening what it
+// reads (more share a tile, widened once): one block's, or on AVX-512 two of
+// a 16-bit cache, whose one-instruction widening costs about what a tile's
+// store and reloads do (GQA 8 with one query row, fp16 and bf16: 5-6% faster
+// in place; fp8, widened in several instructions, 10% faster from a tile).
+template <typename T>
+constexpr int kDirectRows = kWideTarget && sizeof(T) == 2 ? 2 * kRowBlock : kRowBlock;
 constexpr int score_tokens(int rows) { return kAccumulators / rows < 4 ? kAccumulators / rows : 4; }
 constexpr int pv_vectors(int rows) { return kAccumulators / rows; }
 // How far ahead of the reads lines are requested from memory, in rows (8 KiB
@@ -516,20 +527,12 @@ HWY_NOINLINE void load_tile(const PoolRows& src, int64_t pos, int64_t n, float* 
 }
 
 // Calls fn(std::integral_constant<int, kRows>, first) for blocks of up to
-// kRowBlock rows covering [0, count): the largest blocks first, then a 4, a 2
-// and a 1 as needed.
+// kRowBlock rows covering [0, count): blocks of 4, then a 2 and a 1 as needed.
 template <typename Fn>
 HWY_INLINE void for_row_blocks(int32_t count, const Fn& fn) {
+  static_assert(kRowBlock == 4, "blocks of 4 rows, then 2 and 1");
   int32_t r = 0;
-  if constexpr (kRowBlock == 8) {
-    for (; r + 8 <= count; r += 8) fn(std::integral_constant<int, 8>(), r);
-    if (r + 4 <= count) {
-      fn(std::integral_constant<int, 4>(), r);
-      r += 4;
-    }
-  } else {
-    for (; r + 4 <= count; r += 4) fn(std::integral_constant<int, 4>(), r);
-  }
+  for (; r + 4 <= count; r += 4) fn(std::integral_constant<int, 4>(), r);
   if (r + 2 <= count) {
     fn(std::integral_constant<int, 2>(), r);
     r += 2;
@@ -564,10 +567,10 @@ void partial_impl(const PartialTask& t) {
   constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
   const int64_t lines_per_row = kLinesPerRow;
   LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * lines_per_row, t.prefetch.fma(rows));
-  // One row block reads the cache directly (InPlace<T>); more share a tile,
-  // converted once (an fp8 tile through the byte tables where they serve).
-  const bool direct_k = rows <= kRowBlock && !rows_in_lanes;
-  const bool direct_v = t.heads <= kRowBlock && t.positions == 1;
+  // Up to kDirectRows<T> rows read the cache directly (InPlace<T>); more share
+  // a tile, converted once (an fp8 tile through the byte tables where they serve).
+  const bool direct_k = rows <= kDirectRows<T> && !rows_in_lanes;
+  const bool direct_v = t.heads <= kDirectRows<T> && t.positions == 1;
   const bool tables = kIsFp8<T> && kWideTarget && t.fp8_tables;
   if (rows_in_lanes) transpose_q<kD>(t, rows, rows_pad, qt);
 

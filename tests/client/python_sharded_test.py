@@ -41,11 +41,17 @@ class Sharded(unittest.TestCase):
 
     def test_a_batch_split_over_pods_has_the_bits_of_one_server(self):
         rng = np.random.default_rng(1)
+        # Six keys the ring places on at least two pods (the pods' ports are
+        # free ones, so the ring differs from run to run).
+        ring = pagoda.HashRing(self.pods)
+        keys = [f"seq-{i}" for i in range(5)]
+        keys.append(next(f"seq-{i}" for i in range(5, 1000)
+                         if ring.owners(f"seq-{i}")[0] != ring.owners(keys[0])[0]))
         with pagoda.ShardedClient(self.pods) as sc:
             refs, alone = [], []
-            for i in range(6):
+            for i, key in enumerate(keys):
                 k, v = self.kv(rng, 20 + 7 * i), self.kv(rng, 20 + 7 * i)
-                ref = sc.create_sequence(placement_key=f"seq-{i}")
+                ref = sc.create_sequence(placement_key=key)
                 sc.append_kv(ref, 0, k, v)
                 refs.append(ref)
                 one = self.reference.create_sequence()

@@ -2,6 +2,7 @@
 
 #include "pagoda/geometry_rules.h"
 
+#include <algorithm>
 #include <thread>
 
 #include <fmt/format.h>
@@ -155,7 +156,7 @@ Result<DecodeResult> Client::decode_step(const DecodeArgs& args, const RetryOpti
       ++calls;
       if (r.ok() || !retryable(r.error().code()) || calls >= retry.attempts) return r;
       std::this_thread::sleep_for(wait);
-      wait *= 2;
+      wait = std::min(2 * wait, std::max(retry.max_backoff, retry.backoff));
     }
   };
   // The geometry (a GetConfig on a client's first call, which a tiny deadline

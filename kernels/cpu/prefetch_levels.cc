@@ -30,8 +30,9 @@ constexpr PrefetchLevels kAllL2{PrefetchLevel::kL2, PrefetchLevel::kL2, Prefetch
 constexpr PrefetchLevels kMemoryBoundToL2{};
 constexpr uint32_t kZen5Family = 0x1A;
 
-// The selection: "auto" follows auto_prefetch_levels of this CPU.
-std::atomic<PrefetchLevels> g_levels{auto_prefetch_levels(this_cpu_family())};
+// The selection by name; "auto" follows auto_prefetch_levels of this CPU.
+enum class Choice : uint8_t { kAuto, kL1, kL2 };
+std::atomic<Choice> g_choice{Choice::kAuto};
 
 const char* name(PrefetchLevel l) { return l == PrefetchLevel::kL1 ? "L1" : "L2"; }
 
@@ -54,7 +55,15 @@ PrefetchLevels auto_prefetch_levels(CpuFamily cpu) {
   return cpu.amd && cpu.family >= kZen5Family ? kAllL1 : kMemoryBoundToL2;
 }
 
-PrefetchLevels prefetch_levels() { return g_levels.load(std::memory_order_relaxed); }
+PrefetchLevels prefetch_levels() {
+  switch (g_choice.load(std::memory_order_relaxed)) {
+    case Choice::kL1: return kAllL1;
+    case Choice::kL2: return kAllL2;
+    case Choice::kAuto: break;
+  }
+  static const PrefetchLevels here = auto_prefetch_levels(this_cpu_family());
+  return here;
+}
 
 std::string describe(const PrefetchLevels& levels) {
   if (levels == kAllL1) return "L1";
@@ -76,11 +85,11 @@ std::string describe(const PrefetchLevels& levels) {
 
 Status select_prefetch_level(const std::string& level) {
   if (level == "auto") {
-    g_levels = auto_prefetch_levels(this_cpu_family());
+    g_choice = Choice::kAuto;
   } else if (level == "l1") {
-    g_levels = kAllL1;
+    g_choice = Choice::kL1;
   } else if (level == "l2") {
-    g_levels = kAllL2;
+    g_choice = Choice::kL2;
   } else {
     return InvalidArgument("prefetch: expected auto, l1 or l2, received '{}'", level);
   }

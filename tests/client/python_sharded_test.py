@@ -3,7 +3,8 @@
 three pods equals, bit for bit, the same batch on one server; one sequence's
 context spread over three pods and merged by LSE equals it held whole (to
 rounding); the hash ring moves few keys when a pod is added; a pod that is
-down is UNAVAILABLE naming its endpoint, not a hang.
+down is UNAVAILABLE naming its endpoint, not a hang; decode_step's waits stop
+doubling at max_backoff.
 
 Usage: python_sharded_test.py PAGODA_SERVER"""
 import sys
@@ -11,6 +12,7 @@ import tempfile
 import time
 import unittest
 
+import grpc
 import numpy as np
 
 from local_servers import free_port, generate_stubs, pagoda, start_server, stop_servers
@@ -69,6 +71,17 @@ class Sharded(unittest.TestCase):
                 sc.free_sequence(ref)
             for one in alone:
                 self.reference.free_sequence(one)
+
+    def test_decode_step_backoff_stops_doubling_at_its_cap(self):
+        # Nothing listens on port 1: every call is UNAVAILABLE. Eleven doublings
+        # from 1 ms would wait 2 s in all; capped at 2 ms, about 21 ms.
+        client = pagoda.PagodaClient("127.0.0.1:1", timeout=0.2)
+        row = np.zeros((1, self.cfg.num_kv_heads, self.cfg.head_dim), dtype=np.float32)
+        start = time.monotonic()
+        with self.assertRaises(pagoda.PagodaError) as raised:
+            client.decode_step(0, [1], row, row, row, attempts=12, backoff=0.001, max_backoff=0.002)
+        self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertLess(time.monotonic() - start, 1.0, "the waits kept doubling past max_backoff")
 
     def test_context_spread_over_pods_merges_to_the_whole(self):
         rng = np.random.default_rng(2)

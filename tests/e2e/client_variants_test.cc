@@ -128,6 +128,23 @@ TEST_F(ClientVariantTest, AStepAppliedButUnansweredIsReReadNotAppendedTwice) {
   EXPECT_EQ(client->get_sequence(*id)->layer_lengths[0], 31);
 }
 
+// Nothing listening: every call is UNAVAILABLE, and the waits between them
+// stop doubling at max_backoff (uncapped, eleven doublings from 1 ms would
+// wait 2 s in all; capped at 2 ms, about 21 ms).
+TEST(ClientRetry, BackoffStopsDoublingAtItsCap) {
+  auto client = client::Client::connect("127.0.0.1:1", {.timeout = std::chrono::milliseconds(200)});
+  const std::vector<float> row(static_cast<size_t>(8), 0.f);
+  client::DecodeArgs args{.layer = 0, .sequence_ids = {1}, .q = row, .k = row, .v = row};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = client->decode_step(args, {.attempts = 12,
+                                      .backoff = std::chrono::milliseconds(1),
+                                      .max_backoff = std::chrono::milliseconds(2)});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), client::ErrorCode::kUnavailable) << r.error().to_string();
+  EXPECT_LT(seconds, 1.0) << "the waits kept doubling past max_backoff";
+}
+
 // Steps under 1 ms deadlines, many timing out: through decode_step each is
 // applied exactly once, and the outputs match the reference.
 TEST_F(ClientVariantTest, TinyDeadlinesThroughTheHelperApplyEachStepOnce) {

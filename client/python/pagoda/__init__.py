@@ -335,11 +335,12 @@ class PagodaClient:
 
     def decode_step(self, layer: int, sequence_ids: Sequence[int], q: np.ndarray, k: np.ndarray, v=None,
                     expected_lengths: Optional[Sequence[int]] = None, attempts: int = 4, backoff: float = 0.005,
-                    **decode_kwargs) -> DecodeResult:
+                    max_backoff: float = 1.0, **decode_kwargs) -> DecodeResult:
         """One decode step that is safe to retry (docs/design.md §11): appends k, v (k alone on a
         latent-attention server) and attends,
         sending expected_lengths (read with GetSequence first when not given). Calls that
-        end DEADLINE_EXCEEDED or UNAVAILABLE are sent again, up to `attempts` calls in all;
+        end DEADLINE_EXCEEDED or UNAVAILABLE are sent again, up to `attempts` calls in all,
+        `backoff` seconds apart, doubled each time up to `max_backoff`;
         a FAILED_PRECONDITION whose sequences hold exactly expected + rows tokens means an
         earlier attempt was applied, and the step is re-read (a Decode without k/v, the same
         output) instead of appended twice. The result's `replayed` says so."""
@@ -356,7 +357,7 @@ class PagodaClient:
                             or calls[0] >= attempts:
                         raise
                     time.sleep(wait[0])
-                    wait[0] *= 2
+                    wait[0] = min(2 * wait[0], max(max_backoff, backoff))
 
         def lengths_now():
             return [list(with_retries(lambda i=i: self.get_sequence(i)).layer_lengths)[layer] for i in sequence_ids]

@@ -111,10 +111,13 @@ struct DecodeResult {
 };
 
 // How Client::decode_step retries: on DEADLINE_EXCEEDED and UNAVAILABLE, up to
-// `attempts` calls in all, waiting `backoff` (doubled each time) in between.
+// `attempts` calls in all, waiting `backoff` in between, doubled each time up
+// to `max_backoff` (as gRPC's retry policy caps its own): a long run of
+// failures then waits in steps of max_backoff, not in ever longer ones.
 struct RetryOptions {
   int32_t attempts = 4;
   std::chrono::milliseconds backoff{5};
+  std::chrono::milliseconds max_backoff{1000};
 };
 
 // GetSequence.

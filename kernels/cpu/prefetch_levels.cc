@@ -21,8 +21,9 @@ constexpr PrefetchLevels kAllL2{PrefetchLevel::kL2, PrefetchLevel::kL2, Prefetch
 //   products at every width) faster into L2: fp16 GQA 4 with one query row
 //   8.9-9.7 ms against 9.3-12.6 with L1; bf16 dot products GQA 4 with four
 //   rows 9.0-9.9 against 11.5-12.2, GQA 8 7.6-7.8 against 8.8-8.9. Wider FMA
-//   tasks into L1 (16 rows: 18-21 ms against 27). Intel (Sapphire and Emerald Rapids) was measured at 16 rows
-//   only, within 3% either way, and the tiles with L1: it keeps these levels.
+//   tasks into L1 (16 rows: 18-21 ms against 27). Intel (Sapphire and
+//   Emerald Rapids) was measured at 16 rows only, within 3% either way, and
+//   the tiles with L1: it keeps these levels.
 // - Zen 5 (family 0x1A): L1 everywhere, medians of three alternating runs:
 //   fp16 GQA 4 one row 2.81 ms against 3.05 (L2), GQA 8 3.70 against 3.97; bf16
 //   on the dot products GQA 4 one row 3.40 against 4.25, four rows 5.35 against

@@ -13,9 +13,6 @@
 namespace pagoda::cpu {
 namespace {
 
-constexpr PrefetchLevels kAllL1{PrefetchLevel::kL1, PrefetchLevel::kL1, PrefetchLevel::kL1, PrefetchLevel::kL1};
-constexpr PrefetchLevels kAllL2{PrefetchLevel::kL2, PrefetchLevel::kL2, PrefetchLevel::kL2, PrefetchLevel::kL2};
-
 // Measured on 2-vCPU AMD EPYC guests, 8 x 4096 tokens, head_dim 128, 2 threads:
 // - Zen 4 (family 0x19): memory-bound tasks (FMA up to 8 rows, and the dot
 //   products at every width) faster into L2: fp16 GQA 4 with one query row
@@ -69,7 +66,8 @@ PrefetchLevels prefetch_levels() {
 std::string describe(const PrefetchLevels& levels) {
   if (levels == kAllL1) return "L1";
   if (levels == kAllL2) return "L2";
-  const std::pair<PrefetchLevel, const char*> paths[] = {{levels.fma_few_rows, "FMA to 8 rows"},
+  const std::string few = "FMA to " + std::to_string(kFewPrefetchRows) + " rows";
+  const std::pair<PrefetchLevel, const char*> paths[] = {{levels.fma_few_rows, few.c_str()},
                                                          {levels.fma_many_rows, "wider FMA"},
                                                          {levels.bf16_dot, "dot products"},
                                                          {levels.amx, "tiles"}};

@@ -32,6 +32,12 @@ struct PrefetchLevels {
   bool operator==(const PrefetchLevels&) const = default;
 };
 
+// Every path at one level: the "l1" and "l2" selections.
+inline constexpr PrefetchLevels kAllL1{PrefetchLevel::kL1, PrefetchLevel::kL1, PrefetchLevel::kL1,
+                                       PrefetchLevel::kL1};
+inline constexpr PrefetchLevels kAllL2{PrefetchLevel::kL2, PrefetchLevel::kL2, PrefetchLevel::kL2,
+                                       PrefetchLevel::kL2};
+
 // The x86 vendor and family (base plus extended, as AMD and Intel number
 // them: 0x19 Zen 3 and 4, 0x1A Zen 5, 6 for Intel's cores).
 struct CpuFamily {

@@ -14,9 +14,6 @@
 namespace pagoda::cpu {
 namespace {
 
-constexpr PrefetchLevels kAllL1{PrefetchLevel::kL1, PrefetchLevel::kL1, PrefetchLevel::kL1, PrefetchLevel::kL1};
-constexpr PrefetchLevels kAllL2{PrefetchLevel::kL2, PrefetchLevel::kL2, PrefetchLevel::kL2, PrefetchLevel::kL2};
-
 class PrefetchLevelsTest : public ::testing::Test {
  protected:
   void TearDown() override { EXPECT_TRUE(select_prefetch_level("auto").ok()); }
@@ -57,14 +54,7 @@ TEST_F(PrefetchLevelsTest, TheLevelChangesNoBitOfADecode) {
   constexpr float kScale = 0.125f;
   for (const DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     SCOPED_TRACE(dtype_name(dtype));
-    CacheGeometry g;
-    g.num_layers = 1;
-    g.num_kv_heads = 2;
-    g.num_q_heads = 8;
-    g.head_dim = 128;
-    g.block_size = 16;
-    g.dtype = dtype;
-    g.num_blocks = 96;
+    const CacheGeometry g = testing::table_geometry({128, 4, 16, dtype, DType::kFloat32});
     testing::FixtureOptions o(g, 2, 11);
     testing::CacheFixture f(o);
     const std::vector<SequenceId> ids = f.add_sequences(0, {700, 33, 260});

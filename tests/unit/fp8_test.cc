@@ -193,6 +193,48 @@ TEST_P(Fp8KernelReads, EveryCodeReadsAsItsValue) {
   EXPECT_EQ(checked, t == DType::kFloat8E4M3 ? 256 : 250);
 }
 
+// An e4m3 NaN code inside a block longer than the kernel's tile: the rows
+// read in place stop before its run, which is widened a tile at a time (a
+// block of 256 rows, where the tile holds 16 at head_dim 256). Column 5 of the NaN token's V is
+// NaN in every output; the rest, and the LSE, match the reference.
+TEST_P(Fp8KernelReads, NanCodeInALongBlockIsReadATileAtATime) {
+  if (GetParam().format != DType::kFloat8E4M3) GTEST_SKIP() << "only e4m3 scans its rows for NaN codes";
+  constexpr int kD = 256;  // a whole block of these rows is more than the task's scratch holds
+  CacheGeometry g;
+  g.num_layers = 1;
+  g.num_kv_heads = 1;
+  g.num_q_heads = 4;  // GQA 4: the cache is read in place
+  g.head_dim = kD;
+  g.block_size = 256;
+  g.dtype = DType::kFloat8E4M3;
+  g.num_blocks = 4;
+  FixtureOptions o;
+  o.geometry = g;
+  o.seed = 5;
+  CacheFixture f(o);
+  const SequenceId id = f.add_sequence(0, 100);
+  std::vector<float> k_row(kD), v_row(kD);
+  for (int i = 0; i < kD; ++i) {
+    k_row[static_cast<size_t>(i)] = 0.25f * static_cast<float>(i % 7) - 0.75f;
+    v_row[static_cast<size_t>(i)] = 0.5f * static_cast<float>(i % 5) - 1.f;
+  }
+  v_row[5] = std::numeric_limits<float>::quiet_NaN();
+  f.append_rows(id, 0, 1, k_row, v_row);
+  f.append_random(id, 0, 199);  // 300 tokens: the NaN token at 100, inside block 0
+  const auto q = f.random_queries(1, DType::kFloat32);
+  const auto got = f.decode(0, {id}, q, 0.088f, SplitMode::kDeterministic, 512);
+  const auto want = f.reference(0, {id}, q, 0.088);
+  ASSERT_EQ(got.out.size(), want.out.size());
+  for (size_t i = 0; i < want.out.size(); ++i) {
+    if (i % kD == 5) {
+      EXPECT_TRUE(std::isnan(got.out[i])) << "head " << i / kD;
+    } else {
+      EXPECT_NEAR(got.out[i], want.out[i], bounds_for(DType::kFloat32).max_abs) << "head " << i / kD << ", " << i % kD;
+    }
+  }
+  for (size_t h = 0; h < want.lse.size(); ++h) EXPECT_NEAR(got.lse[h], want.lse[h], 1e-4) << "head " << h;
+}
+
 INSTANTIATE_TEST_SUITE_P(Targets, Fp8KernelReads,
                          ::testing::Values(KernelReadCase{DType::kFloat8E4M3, "best"},
                                            KernelReadCase{DType::kFloat8E5M2, "best"},

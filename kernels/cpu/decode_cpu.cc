@@ -127,6 +127,30 @@ HWY_INLINE bool readable_in_place(const void* rows, int64_t n) {
   }
 }
 
+// ---- where a call's rows lie ---------------------------------------------------
+
+// Rows[t] is row t of a call's keys or values. RunRows: one contiguous run (of
+// the cache, `stride` elements apart, or a converted tile). PointerRows: a
+// stretch of runs gathered across the cache's blocks, read in place in one
+// call per row block, on AVX-512 (with 16-token blocks, a call per block cost
+// 10-16% of the compute cache-resident, 5-16% at head_dim 64 from memory). AVX2
+// keeps one call per run: with 16 registers, none left for the pointers, it
+// measured 7-9% slower gathered.
+template <typename T>
+struct RunRows {
+  static constexpr bool kStretch = false;
+  const T* HWY_RESTRICT first;
+  int64_t stride;
+  HWY_INLINE const T* operator[](int64_t t) const { return first + t * stride; }
+};
+template <typename T>
+struct PointerRows {
+  static constexpr bool kStretch = true;
+  const void* const* HWY_RESTRICT rows;
+  HWY_INLINE const T* operator[](int64_t t) const { return static_cast<const T*>(rows[t]); }
+};
+constexpr bool kRowPointers = kWideTarget;
+
 // ---- scores ------------------------------------------------------------------
 
 // The lane sums of a0..a3 in lanes 0..3 of one 128-bit vector. Pairs of lanes
@@ -198,8 +222,8 @@ HWY_INLINE void store_scores(VF (&acc)[kRows][kTokens], float* const* HWY_RESTRI
 #endif
 }
 
-// out[r][t] = q[r] . k[t] for kRows rows and the n rows of `k` (contiguous
-// [n][kD] of T: a run of the cache, or a converted tile), score_tokens(kRows)
+// out[r][t] = q[r] . k[t] for kRows rows and the n key rows k[0 .. n) (of T:
+// rows of the cache read in place, or of a converted tile), score_tokens(kRows)
 // tokens per step: each loaded K vector feeds kRows FMAs, each loaded q vector
 // one per token of the step, and one horizontal tree per four scores remains.
 // kLinesPerToken > 0: that many cache lines per token are requested as it goes.
@@ -230,21 +254,21 @@ HWY_INLINE void score_step(const float* HWY_RESTRICT const* qr, const T* HWY_RES
   store_scores<kRows, kTok>(acc, out, t, count);
 }
 
-template <typename T, int kD, int kRows, int64_t kLinesPerToken>
-HWY_NOINLINE void score_rows(const float* const* HWY_RESTRICT q, const T* HWY_RESTRICT k, int64_t n,
-                             float* const* HWY_RESTRICT out, LinePrefetch& prefetch) {
+template <typename T, int kD, int kRows, int64_t kLinesPerToken, class Rows>
+HWY_NOINLINE void score_rows(const float* const* HWY_RESTRICT q, Rows k, int64_t n, float* const* HWY_RESTRICT out,
+                             LinePrefetch& prefetch) {
   constexpr int kTok = score_tokens(kRows);
   const float* HWY_RESTRICT qr[kRows];
   for (int r = 0; r < kRows; ++r) qr[r] = q[r];
   const T* HWY_RESTRICT kt[kTok];
   int64_t t = 0;
   for (; t + kTok <= n; t += kTok) {
-    for (int j = 0; j < kTok; ++j) kt[j] = k + (t + j) * kD;
+    for (int j = 0; j < kTok; ++j) kt[j] = k[t + j];
     score_step<T, kD, kRows, kTok, kLinesPerToken>(qr, kt, out, t, kTok, prefetch);
   }
   if (t < n) {
     // A tail shorter than a step repeats the last token; its scores are dropped.
-    for (int j = 0; j < kTok; ++j) kt[j] = k + std::min<int64_t>(t + j, n - 1) * kD;
+    for (int j = 0; j < kTok; ++j) kt[j] = k[std::min<int64_t>(t + j, n - 1)];
     score_step<T, kD, kRows, kTok, kLinesPerToken>(qr, kt, out, t, n - t, prefetch);
   }
 }
@@ -402,40 +426,59 @@ HWY_INLINE SoftmaxStats<float> softmax_row(float* HWY_RESTRICT s, int64_t first,
 // ---- P.V -----------------------------------------------------------------------
 
 // acc[r] += sum over t in [a, b) of p[r][t] * v[t], for kRows rows and all of kD
-// in steps of pv_vectors(kRows) vectors (v: rows kStride elements apart, of
-// which the first kD are V: kStride = kD, or head_dim when V is the prefix of
-// K's row). Each loaded V vector feeds kRows FMAs; the weights are broadcast
-// from memory. Tokens go in order, one FMA chain per (row, vector): the bits
+// in steps of pv_vectors(kRows) vectors (v[t]: a V row, of which the first kD
+// elements are read: a row of the cache, the prefix of K's row under latent
+// attention, or a row of a converted tile). Each loaded V vector feeds kRows
+// FMAs; the weights are broadcast from memory. Where one step covers kD the
+// sums stay in registers over all of [a, b); else tokens go kPvChunkTokens at
+// a time through every step, so the steps after the first read the chunk's
+// rows from L1. Tokens go in order, one FMA chain per (row, vector): the bits
 // depend on the row's own keys only. `lines` cache lines per token are
-// requested, spread over the steps.
-template <typename T, int kD, int kStride, int kRows>
-HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, const T* HWY_RESTRICT v, int64_t a, int64_t b,
+// requested, each step its share. A call over a stretch requests them every
+// kPvBurstTokens tokens, the score loop's pace (one burst per 16 tokens
+// measured 4-9% slower where the reads are the limit: AMD Zen 5, 2 threads,
+// fp16 8 x 4096 tokens, head_dim 64); a call of one run or tile takes each step
+// over all of it, with one burst at its start.
+constexpr int64_t kPvChunkTokens = 64;
+constexpr int64_t kPvBurstTokens = 4;
+template <typename T, int kD, int kRows, class Rows>
+HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, Rows v, int64_t a, int64_t b,
                                   float* const* HWY_RESTRICT acc, LinePrefetch& prefetch, int64_t lines) {
   const DF df;
   constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
   constexpr int64_t kVecs = kD / kLanes;
   constexpr int64_t kStep = pv_vectors(kRows) < kVecs ? pv_vectors(kRows) : kVecs;
   static_assert(kVecs % kStep == 0, "P.V steps must tile head_dim");
-  const int64_t lines_per_step = (lines * (b - a) * kStep + kVecs - 1) / kVecs;
   const float* HWY_RESTRICT pr[kRows];
   for (int r = 0; r < kRows; ++r) pr[r] = p[r];
-  for (int64_t v0 = 0; v0 < kVecs; v0 += kStep) {
-    if (lines_per_step > 0) prefetch.step(lines_per_step);
-    VF sum[kRows][kStep];
-    for (int r = 0; r < kRows; ++r)
-      for (int64_t c = 0; c < kStep; ++c) sum[r][c] = hn::Load(df, acc[r] + (v0 + c) * kLanes);
-    const T* HWY_RESTRICT row = v + a * kStride + v0 * kLanes;
+  // Sums stay in registers over a whole chunk: all of [a, b) where one step
+  // covers kD.
+  constexpr int64_t kChunk = kStep == kVecs || !Rows::kStretch ? kSubBlockTokens : kPvChunkTokens;
+  constexpr int64_t kBurst = Rows::kStretch ? kPvBurstTokens : kSubBlockTokens;
+  for (int64_t t0 = a; t0 < b; t0 += kChunk) {
+    const int64_t t1 = std::min(b, t0 + kChunk);
+    for (int64_t v0 = 0; v0 < kVecs; v0 += kStep) {
+      VF sum[kRows][kStep];
+      for (int r = 0; r < kRows; ++r)
+        for (int64_t c = 0; c < kStep; ++c) sum[r][c] = hn::Load(df, acc[r] + (v0 + c) * kLanes);
+      for (int64_t s0 = t0; s0 < t1; s0 += kBurst) {
+        const int64_t s1 = std::min(t1, s0 + kBurst);
+        // Each step reads kStep / kVecs of every row: that share of its lines.
+        if (lines > 0) prefetch.step((lines * (s1 - s0) * kStep + kVecs - 1) / kVecs);
 #pragma GCC unroll 2
-    for (int64_t t = a; t < b; ++t, row += kStride) {
-      VF x[kStep];
-      for (int64_t c = 0; c < kStep; ++c) x[c] = load_f32(row + c * kLanes);
-      for (int r = 0; r < kRows; ++r) {
-        const VF w = hn::Set(df, pr[r][t]);
-        for (int64_t c = 0; c < kStep; ++c) sum[r][c] = hn::MulAdd(w, x[c], sum[r][c]);
+        for (int64_t t = s0; t < s1; ++t) {
+          const T* HWY_RESTRICT row = v[t] + v0 * kLanes;
+          VF x[kStep];
+          for (int64_t c = 0; c < kStep; ++c) x[c] = load_f32(row + c * kLanes);
+          for (int r = 0; r < kRows; ++r) {
+            const VF w = hn::Set(df, pr[r][t]);
+            for (int64_t c = 0; c < kStep; ++c) sum[r][c] = hn::MulAdd(w, x[c], sum[r][c]);
+          }
+        }
       }
+      for (int r = 0; r < kRows; ++r)
+        for (int64_t c = 0; c < kStep; ++c) hn::Store(sum[r][c], df, acc[r] + (v0 + c) * kLanes);
     }
-    for (int r = 0; r < kRows; ++r)
-      for (int64_t c = 0; c < kStep; ++c) hn::Store(sum[r][c], df, acc[r] + (v0 + c) * kLanes);
   }
 }
 
@@ -526,6 +569,32 @@ HWY_NOINLINE void load_tile(const PoolRows& src, int64_t pos, int64_t n, float* 
   }
 }
 
+// The stretch of rows read in place from `pos` on, up to `end`: its first run
+// (*first: its first row), and with kRowPointers the runs after it too, as
+// pointers into rows[]. It stops before a run that cannot be read in place (an
+// e4m3 run holding a NaN code); returns its rows, 0 when the first run cannot.
+// An e4m3 stretch stops after kScanRows: the scan touches the rows first, and
+// a longer one waits on memory there, not on compute.
+template <typename T>
+constexpr int64_t kScanRows = std::is_same_v<T, Fp8E4M3Bits> ? 16 : kSubBlockTokens;
+template <typename T, int kD>
+HWY_INLINE int64_t in_place_stretch(const PoolRows& src, int64_t pos, int64_t end, const void** HWY_RESTRICT rows,
+                                    const void** first) {
+  int64_t count = 0;
+  if constexpr (kRowPointers) end = std::min(end, pos + kScanRows<T>);
+  while (pos < end) {
+    int64_t n = 0;
+    const std::byte* run = src.run(pos, end, &n);
+    if (!readable_in_place<T, kD>(run, n)) break;
+    if (count == 0) *first = run;
+    if constexpr (!kRowPointers) return n;
+    for (int64_t i = 0; i < n; ++i) rows[count + i] = run + i * src.row_bytes;
+    count += n;
+    pos += n;
+  }
+  return count;
+}
+
 // Calls fn(std::integral_constant<int, kRows>, first) for blocks of up to
 // kRowBlock rows covering [0, count): blocks of 4, then a 2 and a 1 as needed.
 template <typename Fn>
@@ -579,32 +648,35 @@ void partial_impl(const PartialTask& t) {
   const float* p_rows[kRowBlock];
   float* acc_rows[kRowBlock];
   SoftmaxStats<float> stats[kMaxTaskRows];
+  // The stretch read in place: its first row, and (kRowPointers) every row.
+  const void* first_row = nullptr;
+  const void* row_ptr[kRowPointers ? kSubBlockTokens : 1];
+  const auto in_place_rows = [&]() {
+    if constexpr (kRowPointers) {
+      return PointerRows<InPlace<T>>{row_ptr};
+    } else {
+      return RunRows<InPlace<T>>{static_cast<const InPlace<T>*>(first_row), kD};
+    }
+  };
 
   for (int64_t sb = plan.first_sub_block(); sb < plan.end_sub_block(); ++sb) {
     const int64_t base = t.chunk_begin + sb * kSubBlockTokens;  // scores index = position - base
     const ReadPlan::Span span = plan.sub_block(sb);
 
-    // Pass 1: every row's scores over the sub-block's keys, run by run (direct)
-    // or one tile at a time (shared by several row blocks).
+    // Pass 1: every row's scores over the sub-block's keys, a stretch at a
+    // time: rows read in place (direct: one run, or with kRowPointers the runs
+    // that follow it), or one tile (shared by several row blocks, or holding an
+    // e4m3 NaN code), one call per row block.
     for (int64_t pos = span.begin; pos < span.end;) {
-      int64_t n = 0;
-      const void* keys = nullptr;
-      bool in_place = direct_k;
-      if (direct_k) {
-        keys = k_src.run(pos, span.end, &n);
-        in_place = readable_in_place<T, kD>(keys, n);
-      } else {
-        n = std::min(kTile, span.end - pos);
-      }
+      int64_t n = direct_k ? in_place_stretch<T, kD>(k_src, pos, span.end, row_ptr, &first_row) : 0;
+      const bool in_place = n > 0;
       if (!in_place) {
-        n = std::min(n, kTile);  // a run longer than the tile (an e4m3 run with a NaN code) goes a tile at a time
+        n = std::min(kTile, span.end - pos);
         load_tile<T, kD>(k_src, pos, n, tile, tables);
-        keys = tile;
       }
       prefetch.consumed(n * lines_per_row);
       if (rows_in_lanes) {
-        score_lanes<kD, kLinesPerRow>(qt, rows_pad, rows, static_cast<const float*>(keys), n, scores + (pos - base),
-                                      prefetch);
+        score_lanes<kD, kLinesPerRow>(qt, rows_pad, rows, tile, n, scores + (pos - base), prefetch);
         prefetch.catch_up();
         pos += n;
         continue;
@@ -618,13 +690,13 @@ void partial_impl(const PartialTask& t) {
           q_rows[j] = t.position[r / t.heads].q + r % t.heads * kD;
           outs[j] = scores + static_cast<int64_t>(r) * kSubBlockTokens + (pos - base);
         }
+        const RunRows<float> tile_keys{tile, kD};
         if (in_place) {
-          score_rows<InPlace<T>, kD, kRows, kLinesPerRow>(q_rows, static_cast<const InPlace<T>*>(keys), n, outs,
-                                                         prefetch);
+          score_rows<InPlace<T>, kD, kRows, kLinesPerRow>(q_rows, in_place_rows(), n, outs, prefetch);
         } else if (first_block) {
-          score_rows<float, kD, kRows, kLinesPerRow>(q_rows, static_cast<const float*>(keys), n, outs, prefetch);
+          score_rows<float, kD, kRows, kLinesPerRow>(q_rows, tile_keys, n, outs, prefetch);
         } else {
-          score_rows<float, kD, kRows, 0>(q_rows, static_cast<const float*>(keys), n, outs, prefetch);
+          score_rows<float, kD, kRows, 0>(q_rows, tile_keys, n, outs, prefetch);
         }
         first_block = false;
       });
@@ -632,22 +704,14 @@ void partial_impl(const PartialTask& t) {
       pos += n;
     }
     softmax_sub_block(t, plan, sb, scores, sub_acc, kDv, stats);
-    // Pass 2: P.V, each position over its own keys.
+    // Pass 2: P.V, each position over its own keys, in the same stretches.
     for (int64_t pos = span.begin; pos < span.end;) {
-      int64_t n = 0;
-      const void* values = nullptr;
-      bool in_place = direct_v;
-      if (direct_v) {
-        values = v_src.run(pos, span.end, &n);
-        // V's rows hold head_dim elements, of which the first kDv are read.
-        in_place = readable_in_place<T, kD>(values, n);
-      } else {
-        n = std::min(kTile, span.end - pos);
-      }
+      // V's rows hold head_dim elements, of which the first kDv are read.
+      int64_t n = direct_v ? in_place_stretch<T, kD>(v_src, pos, span.end, row_ptr, &first_row) : 0;
+      const bool in_place = n > 0;
       if (!in_place) {
-        n = std::min(n, kTile);
+        n = std::min(kTile, span.end - pos);
         load_tile<T, kDv, kD>(v_src, pos, n, tile, tables);
-        values = tile;
       }
       prefetch.consumed(n * lines_per_row);
       int64_t step_lines = lines_per_row;  // per token, in the first P.V call of the stretch
@@ -664,11 +728,10 @@ void partial_impl(const PartialTask& t) {
             acc_rows[j] = sub_acc + static_cast<int64_t>(r) * kDv;
           }
           if (in_place) {
-            accumulate_rows<InPlace<T>, kDv, kD, kRows>(p_rows, static_cast<const InPlace<T>*>(values), a, b,
-                                                        acc_rows, prefetch, step_lines);
+            accumulate_rows<InPlace<T>, kDv, kRows>(p_rows, in_place_rows(), a, b, acc_rows, prefetch, step_lines);
           } else {
-            accumulate_rows<float, kDv, kDv, kRows>(p_rows, static_cast<const float*>(values), a, b, acc_rows,
-                                                    prefetch, step_lines);
+            accumulate_rows<float, kDv, kRows>(p_rows, RunRows<float>{tile, kDv}, a, b, acc_rows, prefetch,
+                                               step_lines);
           }
           step_lines = 0;
         });

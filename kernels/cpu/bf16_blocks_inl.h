@@ -61,7 +61,8 @@ PAGODA_BF16_TARGET inline void transpose16(const float* in, __m512 out[16]) {
 class Spread {
  public:
   Spread(Requests r, int64_t steps) : r_(r), per_(r.prefetch ? (r.lines + steps - 1) / steps : 0) {}
-  void tick() {
+  // Inlined into the units' loops: out of line it took 4% of a 16-row bf16 decode.
+  [[gnu::always_inline]] void tick() {
     if (per_ == 0 || r_.lines <= 0) return;
     const int64_t n = std::min(per_, r_.lines);
     r_.prefetch->step(n);

@@ -23,9 +23,7 @@ inline int32_t pair_at(const void* p) {
   return w;
 }
 
-// The two vector widths of the scores: 16 rows in 512-bit vectors, or the
-// first 8 rows (the lower half of each packed pair) in 256-bit ones, whose
-// VDPBF16PS issues twice a cycle where a 512-bit one issues once.
+// Scores of 9 to 16 rows: the rows in the lanes of 512-bit vectors.
 struct Rows16 {
   using Acc = __m512;
   PAGODA_BF16_TARGET static Acc zero() { return _mm512_setzero_ps(); }
@@ -34,19 +32,6 @@ struct Rows16 {
                             reinterpret_cast<__m512bh>(_mm512_set1_epi32(k_pair)));
   }
   PAGODA_BF16_TARGET static void store(float* row, Acc acc) { _mm512_store_ps(row, acc); }
-};
-struct Rows8 {
-  using Acc = __m256;
-  PAGODA_BF16_TARGET static Acc zero() { return _mm256_setzero_ps(); }
-  PAGODA_BF16_TARGET static Acc dot(Acc acc, const uint16_t* q_pair, int32_t k_pair) {
-    return _mm256_dpbf16_ps(acc, reinterpret_cast<__m256bh>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q_pair))),
-                            reinterpret_cast<__m256bh>(_mm256_set1_epi32(k_pair)));
-  }
-  // Rows 8..16 of the block are zero.
-  PAGODA_BF16_TARGET static void store(float* row, Acc acc) {
-    _mm256_store_ps(row, acc);
-    _mm256_store_ps(row + 8, _mm256_setzero_ps());
-  }
 };
 
 // st[j][r] = q[r] . key j for the 16 keys of `keys` and the rows of W: 16
@@ -84,6 +69,101 @@ PAGODA_BF16_TARGET inline void scores_of_group(const uint16_t* qb, int32_t d, co
     }
   }
   scores_transposed<W, 0>(qb, d, keys, st, spread);
+}
+
+// Up to 8 rows with keys in the lanes as well: a 128-bit lane per key, the
+// four rows of a quad in its four words. One 512-bit VDPBF16PS then serves 4
+// keys x 4 rows, where the rows-in-lanes form's serves one key and, below 9
+// rows, leaves half its lanes idle: a quarter of the instructions at 4 rows.
+// Key G + 4L of a group sits in lane L of accumulator G: its 16 bytes at
+// pair p (pairs p .. p + 3) are inserted there and each pair spread over the
+// lane in turn, so every score is the same chain, pair after pair, as in the
+// rows-in-lanes form (the same bits), and a 4 x 4 transpose inside the lanes
+// leaves row s of the quad with its 16 scores in key order. kStride as in
+// scores_transposed, for every group.
+template <int kQuads, int kGroups, int64_t kStride>
+PAGODA_BF16_TARGET inline void scores_by_quads(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t rows,
+                                               __m512 scale, float* out, int64_t out_stride, Spread& spread) {
+  const char* k[kGroups];
+  int64_t stride[kGroups];
+  for (int g = 0; g < kGroups; ++g) {
+    k[g] = reinterpret_cast<const char*>(keys[g].k);
+    stride[g] = kStride > 0 ? kStride : keys[g].stride;
+  }
+  __m512 acc[kGroups][kQuads][4];
+  for (auto& group : acc)
+    for (auto& quad : group)
+      for (auto& a : quad) a = _mm512_setzero_ps();
+  for (int32_t p = 0; p < d / 2; p += 4) {
+    // Pair p + i of the quad's four rows, in every lane.
+    __m512bh qv[kQuads][4];
+    for (int qd = 0; qd < kQuads; ++qd) {
+      for (int i = 0; i < 4; ++i) {
+        const auto* q = reinterpret_cast<const __m128i*>(qb + 32 * (p + i) + 8 * qd);
+        qv[qd][i] = reinterpret_cast<__m512bh>(_mm512_broadcast_i32x4(_mm_loadu_si128(q)));
+      }
+    }
+    for (int g = 0; g < kGroups; ++g) {
+      const char* at = k[g] + 4 * static_cast<int64_t>(p);
+      for (int G = 0; G < 4; ++G) {
+        const char* key = at + G * stride[g];
+        const int64_t four = 4 * stride[g];
+        __m512i kv = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(key)));
+        kv = _mm512_inserti32x4(kv, _mm_loadu_si128(reinterpret_cast<const __m128i*>(key + four)), 1);
+        kv = _mm512_inserti32x4(kv, _mm_loadu_si128(reinterpret_cast<const __m128i*>(key + 2 * four)), 2);
+        kv = _mm512_inserti32x4(kv, _mm_loadu_si128(reinterpret_cast<const __m128i*>(key + 3 * four)), 3);
+        const __m512i pair[4] = {_mm512_shuffle_epi32(kv, _MM_PERM_AAAA), _mm512_shuffle_epi32(kv, _MM_PERM_BBBB),
+                                 _mm512_shuffle_epi32(kv, _MM_PERM_CCCC), _mm512_shuffle_epi32(kv, _MM_PERM_DDDD)};
+        for (int i = 0; i < 4; ++i) {
+          for (int qd = 0; qd < kQuads; ++qd) {
+            acc[g][qd][G] = _mm512_dpbf16_ps(acc[g][qd][G], qv[qd][i], reinterpret_cast<__m512bh>(pair[i]));
+          }
+        }
+      }
+    }
+    if ((p & 15) == 12) {
+      for (int g = 0; g < kGroups; ++g) spread.tick();
+    }
+  }
+  for (int g = 0; g < kGroups; ++g) {
+    const __mmask16 live = static_cast<__mmask16>((1u << keys[g].n) - 1);
+    for (int qd = 0; qd < kQuads; ++qd) {
+      const __m512* a = acc[g][qd];
+      const __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]);
+      const __m512 t1 = _mm512_unpackhi_ps(a[0], a[1]);
+      const __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]);
+      const __m512 t3 = _mm512_unpackhi_ps(a[2], a[3]);
+      const __m512d u0 = _mm512_castps_pd(t0);
+      const __m512d u1 = _mm512_castps_pd(t1);
+      const __m512d u2 = _mm512_castps_pd(t2);
+      const __m512d u3 = _mm512_castps_pd(t3);
+      const __m512 row_scores[4] = {
+          _mm512_castpd_ps(_mm512_unpacklo_pd(u0, u2)), _mm512_castpd_ps(_mm512_unpackhi_pd(u0, u2)),
+          _mm512_castpd_ps(_mm512_unpacklo_pd(u1, u3)), _mm512_castpd_ps(_mm512_unpackhi_pd(u1, u3))};
+      for (int s = 0; s < 4 && 4 * qd + s < rows; ++s) {
+        _mm512_mask_storeu_ps(out + (4 * qd + s) * out_stride + g * kTileRows, live,
+                              _mm512_mul_ps(row_scores[s], scale));
+      }
+    }
+    spread.tick();
+  }
+}
+
+template <int kQuads, int kGroups>
+PAGODA_BF16_TARGET void scores_of_quads(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t rows,
+                                        __m512 scale, float* out, int64_t out_stride, Spread& spread) {
+  bool packed = true;
+  for (int g = 0; g < kGroups; ++g) packed = packed && keys[g].stride == 2 * static_cast<int64_t>(d);
+  if (packed) {
+    switch (d) {
+      case 64: return scores_by_quads<kQuads, kGroups, 128>(qb, d, keys, rows, scale, out, out_stride, spread);
+      case 128: return scores_by_quads<kQuads, kGroups, 256>(qb, d, keys, rows, scale, out, out_stride, spread);
+      case 256: return scores_by_quads<kQuads, kGroups, 512>(qb, d, keys, rows, scale, out, out_stride, spread);
+      case 576: return scores_by_quads<kQuads, kGroups, 1152>(qb, d, keys, rows, scale, out, out_stride, spread);
+      default: break;
+    }
+  }
+  scores_by_quads<kQuads, kGroups, 0>(qb, d, keys, rows, scale, out, out_stride, spread);
 }
 
 // kRows rows of P.V over kVecs stretches of 16 output elements at a time:
@@ -138,14 +218,18 @@ bool available() {
 PAGODA_BF16_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows,
                                float scale, float* out, int64_t out_stride, Requests requests) {
   Spread spread(requests, groups * (d / 32 + 1));
-  alignas(64) float st[kTileRows * kTileRows];  // [key][row]
   const __m512 vs = _mm512_set1_ps(scale);
+  if (rows <= 4) {
+    if (groups == 2) return scores_of_quads<1, 2>(qb, d, keys, rows, vs, out, out_stride, spread);
+    return scores_of_quads<1, 1>(qb, d, keys, rows, vs, out, out_stride, spread);
+  }
+  if (rows <= 8) {
+    if (groups == 2) return scores_of_quads<2, 2>(qb, d, keys, rows, vs, out, out_stride, spread);
+    return scores_of_quads<2, 1>(qb, d, keys, rows, vs, out, out_stride, spread);
+  }
+  alignas(64) float st[kTileRows * kTileRows];  // [key][row]
   for (int32_t gi = 0; gi < groups; ++gi) {
-    if (rows <= 8) {
-      scores_of_group<Rows8>(qb, d, keys[gi], st, spread);
-    } else {
-      scores_of_group<Rows16>(qb, d, keys[gi], st, spread);
-    }
+    scores_of_group<Rows16>(qb, d, keys[gi], st, spread);
     __m512 s[kTileRows];
     bf16::transpose16(st, s);
     const __mmask16 live = static_cast<__mmask16>((1u << keys[gi].n) - 1);

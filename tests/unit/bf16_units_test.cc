@@ -75,10 +75,11 @@ class UnitName {
 };
 TYPED_TEST_SUITE(Bf16Unit, Units, UnitName);
 
-// 5 rows (the dot products' 8-row half) and 13 (a whole 16-row block).
+// 3 and 5 rows (the dot products' keys-in-lanes form, one and two quads of
+// rows) and 13 (a whole 16-row block).
 TYPED_TEST(Bf16Unit, ScoresAreFp32SumsOfTheRoundedProductsForTheLiveRowsAndKeysOnly) {
   for (const int32_t d : {64, 128, 576}) {
-    for (const int32_t rows : {5, 13}) {
+    for (const int32_t rows : {3, 5, 13}) {
       SCOPED_TRACE("d " + std::to_string(d) + ", rows " + std::to_string(rows));
       constexpr float scale = 0.3f;
       std::normal_distribution<float> normal(0.f, 1.f);
@@ -193,6 +194,52 @@ TEST(Bf16DotUnit, FirstWritesTheSumsWithoutReadingTheAccumulator) {
   std::vector<float> acc(dv, std::nanf(""));
   cpu::bf16dot::accumulate(pa, vb.data(), dv, acc.data(), dv, 1, /*first=*/true);
   for (int e = 0; e < dv; ++e) ASSERT_EQ(acc[static_cast<size_t>(e)], 1.f) << "element " << e;
+}
+
+// Up to 8 rows the scores put keys in the lanes too (a quad of rows per key);
+// 9 to 16 put only rows there. A row's score is the same chain either way:
+// the same bits with 1 to 8 rows as in a block of 16, for both groups, the
+// cache's stride and a run-time one.
+TEST(Bf16DotUnit, ScoresOfUpTo8RowsHaveTheBitsOfA16RowBlock) {
+  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const int32_t d : {64, 128, 256, 576}) {
+    for (const int64_t stride : {int64_t{d}, int64_t{d} + 32}) {
+      std::vector<float> q(static_cast<size_t>(kTileRows) * d);
+      for (float& x : q) x = normal(rng);
+      std::vector<uint16_t> k0(static_cast<size_t>(16 * stride)), k1(static_cast<size_t>(16 * stride));
+      for (uint16_t& x : k0) x = float_to_bf16(normal(rng));
+      for (uint16_t& x : k1) x = float_to_bf16(normal(rng));
+      const cpu::bf16::KeyRows keys[2] = {{k0.data(), stride * 2, 16}, {k1.data(), stride * 2, 11}};
+      const float* all_rows[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) all_rows[r] = q.data() + r * d;
+      std::vector<uint16_t> qb(static_cast<size_t>(kTileRows) * d);
+      cpu::bf16::pack_q(all_rows, d, qb.data());
+      constexpr int64_t out_stride = 32;
+      std::vector<float> block(static_cast<size_t>(kTileRows) * out_stride, 0.f);
+      cpu::bf16dot::scores(qb.data(), d, keys, 2, kTileRows, 0.125f, block.data(), out_stride);
+      for (const int32_t rows : {1, 2, 3, 4, 5, 7, 8}) {
+        for (const int32_t groups : {1, 2}) {
+          SCOPED_TRACE("d " + std::to_string(d) + ", stride " + std::to_string(stride) + ", rows " +
+                       std::to_string(rows) + ", groups " + std::to_string(groups));
+          const float* few_rows[kTileRows] = {};
+          for (int r = 0; r < rows; ++r) few_rows[r] = all_rows[r];
+          std::vector<uint16_t> qf(static_cast<size_t>(kTileRows) * d);
+          cpu::bf16::pack_q(few_rows, d, qf.data());
+          std::vector<float> few(static_cast<size_t>(kTileRows) * out_stride, 0.f);
+          cpu::bf16dot::scores(qf.data(), d, keys, groups, rows, 0.125f, few.data(), out_stride);
+          for (int r = 0; r < rows; ++r) {
+            for (int j = 0; j < 16 + (groups == 2 ? 11 : 0); ++j) {
+              const size_t i = static_cast<size_t>(r * out_stride + j);
+              ASSERT_EQ(std::memcmp(&few[i], &block[i], sizeof(float)), 0)
+                  << "row " << r << " key " << j << ": " << few[i] << " against " << block[i];
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(Bf16DotUnit, PeakIsMeasuredAndPlausible) {

@@ -2,10 +2,7 @@
 // selection (pagoda/cpu_targets.h).
 #include "cpu/prefetch_levels.h"
 
-#include <cpuid.h>
-
 #include <atomic>
-#include <cstring>
 #include <utility>
 
 #include "pagoda/cpu_targets.h"
@@ -26,7 +23,6 @@ namespace {
 //   on the dot products GQA 4 one row 3.40 against 4.25, four rows 5.35 against
 //   6.24, GQA 8 2.06 against 2.39; latent attention and fp8 level.
 constexpr PrefetchLevels kMemoryBoundToL2{};
-constexpr uint32_t kZen5Family = 0x1A;
 
 // The selection by name; "auto" follows auto_prefetch_levels of this CPU.
 enum class Choice : uint8_t { kAuto, kL1, kL2 };
@@ -36,21 +32,8 @@ const char* name(PrefetchLevel l) { return l == PrefetchLevel::kL1 ? "L1" : "L2"
 
 }  // namespace
 
-CpuFamily this_cpu_family() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return {};
-  char vendor[13] = {};
-  std::memcpy(vendor, &b, 4);
-  std::memcpy(vendor + 4, &d, 4);
-  std::memcpy(vendor + 8, &c, 4);
-  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return {};
-  const uint32_t base = (a >> 8) & 0xF;
-  const uint32_t extended = (a >> 20) & 0xFF;
-  return {std::strcmp(vendor, "AuthenticAMD") == 0, base == 0xF ? base + extended : base};
-}
-
 PrefetchLevels auto_prefetch_levels(CpuFamily cpu) {
-  return cpu.amd && cpu.family >= kZen5Family ? kAllL1 : kMemoryBoundToL2;
+  return zen5_or_later(cpu) ? kAllL1 : kMemoryBoundToL2;
 }
 
 PrefetchLevels prefetch_levels() {

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "cpu/cpu_family.h"
+
 namespace pagoda::cpu {
 
 enum class PrefetchLevel : uint8_t { kL1, kL2 };
@@ -37,14 +39,6 @@ inline constexpr PrefetchLevels kAllL1{PrefetchLevel::kL1, PrefetchLevel::kL1, P
                                        PrefetchLevel::kL1};
 inline constexpr PrefetchLevels kAllL2{PrefetchLevel::kL2, PrefetchLevel::kL2, PrefetchLevel::kL2,
                                        PrefetchLevel::kL2};
-
-// The x86 vendor and family (base plus extended, as AMD and Intel number
-// them: 0x19 Zen 3 and 4, 0x1A Zen 5, 6 for Intel's cores).
-struct CpuFamily {
-  bool amd = false;
-  uint32_t family = 0;
-};
-CpuFamily this_cpu_family();
 
 // The levels measured faster on a CPU family ("auto").
 PrefetchLevels auto_prefetch_levels(CpuFamily cpu);

@@ -10,7 +10,9 @@
 
 #include "cpu/amx_tiles.h"
 #include "cpu/bf16_dot.h"
+#include "cpu/cpu_family.h"
 #include "cpu/decode_cpu.h"
+#include "cpu/dot_groups.h"
 #include "cpu/fp8_tables.h"
 
 namespace pagoda::cpu {
@@ -19,7 +21,7 @@ double fma_peak_one_thread();  // decode_cpu.cc, per target
 
 namespace {
 // Which bf16 caches take a matrix unit: "best" those where it is the faster
-// (kAmxMinGroup, kDotMinGroup*), "amx" or "avx512bf16" every one on that unit, "avx3" and
+// (kAmxMinGroup, dot_min_group), "amx" or "avx512bf16" every one on that unit, "avx3" and
 // "avx2" none.
 enum class UnitUse { kWhereFaster, kEveryAmx, kEveryDot, kNone };
 std::atomic<UnitUse> g_unit_use{UnitUse::kWhereFaster};
@@ -32,17 +34,30 @@ std::atomic<bool> g_fp8_tables{true};
 // 2.9x; GQA 4 at 0.6-1.0x for one row (1.5-1.9x for four), GQA 2 at 0.74x,
 // GQA 1 at 0.67x.
 constexpr int32_t kAmxMinGroup = 8;
-// The dot products skip a block's padding rows in P.V and score up to 8 rows
-// in half-width vectors, so narrower groups cost them less than the tiles.
-// Measured on a 2-vCPU AMD EPYC (Zen 4) guest, same shape, against the
-// AVX-512 FMAs (`make bench`, three runs): bf16 GQA 4 at 1.04-1.15x for one
-// query row and 2.0x for four, GQA 8 at 1.2-1.3x and 1.9-2.0x, MLA's 32 heads
-// at 2.1x; fp8 e4m3 GQA 8 at 1.1-1.2x and 1.8-1.9x, but GQA 4 at 0.70x for one
-// row (the FMA path reads fp8 in place, the dot products widen each tile to
-// bf16 first; 1.6x for four).
-constexpr int32_t kDotMinGroupBf16 = 4;
-constexpr int32_t kDotMinGroupFp8 = 8;
+
+CpuFamily this_cpu() {
+  static const CpuFamily here = this_cpu_family();
+  return here;
+}
 }  // namespace
+
+// The dot products skip a block's padding rows in P.V and score up to 8 rows
+// with keys in the lanes too, so narrower groups cost them less than the
+// tiles. Measured on a 2-vCPU AMD EPYC (Zen 4) guest, same shape, against the
+// AVX-512 FMAs (`make bench`, three runs, with up to 8 rows scored in
+// half-width vectors): bf16 GQA 4 at 1.04-1.15x for one query row and 2.0x
+// for four, GQA 8 at 1.2-1.3x and 1.9-2.0x, MLA's 32 heads at 2.1x; fp8 e4m3
+// GQA 8 at 1.1-1.2x and 1.8-1.9x, but GQA 4 at 0.70x for one row (the FMA path
+// reads fp8 in place, the dot products widen each tile to bf16 first; 1.6x
+// for four). On a 2-vCPU Zen 5 guest with the keys in the lanes (five runs):
+// e4m3 GQA 4 at 1.09x for one row and 1.5x for four (head_dim 64: 0.98x, level),
+// where e5m2, read in place in one shift, stays faster on the FMAs for one
+// row (0.93x on the dot products); GQA 2 stays on the FMAs (bf16 0.91x for
+// one row).
+int32_t dot_min_group(DType dtype, CpuFamily cpu) {
+  if (dtype == DType::kFloat8E4M3 && zen5_or_later(cpu)) return 4;
+  return is_fp8(dtype) ? 8 : 4;
+}
 
 Status select_simd_target(const std::string& target) {
   // Targets better than AVX2 on x86 (AVX3_DL is not compiled in, see decode_cpu.cc).
@@ -103,8 +118,7 @@ MatrixUnit matrix_unit_for(const CacheGeometry& g) {
     case UnitUse::kWhereFaster:
       if (amx::available()) return group >= kAmxMinGroup ? MatrixUnit::kAmx : MatrixUnit::kNone;
       if (!bf16dot::available()) return MatrixUnit::kNone;
-      return group >= (is_fp8(g.dtype) ? kDotMinGroupFp8 : kDotMinGroupBf16) ? MatrixUnit::kAvx512Bf16
-                                                                             : MatrixUnit::kNone;
+      return group >= dot_min_group(g.dtype, this_cpu()) ? MatrixUnit::kAvx512Bf16 : MatrixUnit::kNone;
     case UnitUse::kNone: break;
   }
   return MatrixUnit::kNone;

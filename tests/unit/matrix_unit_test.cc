@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/dot_groups.h"
 #include "pagoda/backend.h"
 #include "pagoda/cpu_targets.h"
 #include "reference/decode_table.h"
@@ -23,7 +24,7 @@ struct UnitCase {
   const char* suffix;  // kernel_target_name's addition
   bool (*available)();
   const char* missing;
-  int32_t best_min_group_bf16;  // the smallest group best gives the unit, bf16 (fp8: 8 on both)
+  int32_t best_min_group_bf16;  // the smallest group best gives the unit, bf16 (fp8: DotGroups below)
 };
 
 const UnitCase kUnits[] = {
@@ -68,7 +69,13 @@ TEST_P(MatrixUnit, BestServesWideGroupsTheUnitEveryOneAndAvx3None) {
   }
   EXPECT_EQ(cpu::matrix_unit_for(gqa2), cpu::MatrixUnit::kNone) << "two rows per position leave a block mostly idle";
   EXPECT_EQ(cpu::kernel_target_name(gqa2), "AVX3");
-  EXPECT_EQ(cpu::matrix_unit_for(fp8_gqa4), cpu::MatrixUnit::kNone) << "fp8 reads faster in place on the FMAs";
+  // e4m3 at GQA 4 takes the dot products where they measured faster (Zen 5).
+  const bool fp8_gqa4_on_dots = best_takes(u) && u.unit == cpu::MatrixUnit::kAvx512Bf16 &&
+                                cpu::dot_min_group(DType::kFloat8E4M3, cpu::this_cpu_family()) <= 4;
+  EXPECT_EQ(cpu::matrix_unit_for(fp8_gqa4), fp8_gqa4_on_dots ? u.unit : cpu::MatrixUnit::kNone);
+  CacheGeometry e5m2_gqa4 = gqa4;
+  e5m2_gqa4.dtype = DType::kFloat8E5M2;
+  EXPECT_EQ(cpu::matrix_unit_for(e5m2_gqa4), cpu::MatrixUnit::kNone) << "e5m2 reads faster in place on the FMAs";
   EXPECT_EQ(cpu::matrix_unit_for(fp16), cpu::MatrixUnit::kNone) << "fp16 would lose 3 bits in bf16";
   ASSERT_TRUE(cpu::select_simd_target(u.target).ok());
   EXPECT_EQ(cpu::matrix_unit_for(g), u.unit);
@@ -86,6 +93,18 @@ TEST_P(MatrixUnit, BestServesWideGroupsTheUnitEveryOneAndAvx3None) {
   EXPECT_EQ(cpu::kernel_target_name(g), "AVX3");
   ASSERT_TRUE(cpu::select_simd_target("avx2").ok());
   EXPECT_EQ(cpu::matrix_unit_for(g), cpu::MatrixUnit::kNone);
+}
+
+// The groups "best" gives the dot products, per dtype and CPU family: bf16
+// from 4 everywhere, fp8 from 8, but e4m3 from 4 on AMD Zen 5 and later.
+TEST(DotGroups, Bf16From4FpEightFrom8AndE4m3From4OnZen5) {
+  const cpu::CpuFamily zen4{true, 0x19}, zen5{true, 0x1A}, zen6{true, 0x1B}, intel{false, 6};
+  for (const cpu::CpuFamily cpu : {zen4, zen5, zen6, intel}) {
+    SCOPED_TRACE("amd " + std::to_string(cpu.amd) + ", family " + std::to_string(cpu.family));
+    EXPECT_EQ(cpu::dot_min_group(DType::kBFloat16, cpu), 4);
+    EXPECT_EQ(cpu::dot_min_group(DType::kFloat8E5M2, cpu), 8);
+    EXPECT_EQ(cpu::dot_min_group(DType::kFloat8E4M3, cpu), cpu.amd && cpu.family >= 0x1A ? 4 : 8);
+  }
 }
 
 // GetConfig's device_name is the backend's: it says which kernel decodes.

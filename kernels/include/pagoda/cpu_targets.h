@@ -48,8 +48,9 @@ enum class MatrixUnit : uint8_t {
 // Which unit decodes of geometry g take: a bf16 or fp8 cache (fp8 widens to
 // bf16 exactly) on the AVX3 target of a CPU that has the unit, with enough
 // query heads per KV head under "best" (AMX: 8; AVX512-BF16 where there is no
-// AMX: 4 for bf16, 8 for fp8) or any under the unit's own target. A property
-// of the geometry and the process, never of a batch or of a request's q_len.
+// AMX: 4 for bf16, 8 for fp8, but 4 for e4m3 on AMD Zen 5) or any under the
+// unit's own target. A property of the geometry and the process, never of a
+// batch or of a request's q_len.
 MatrixUnit matrix_unit_for(const CacheGeometry& g);
 
 // Whether decodes of geometry g take the AMX path (matrix_unit_for is kAmx).

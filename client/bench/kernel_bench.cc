@@ -196,7 +196,7 @@ int run(const KernelOptions& o) {
   report.threads = cpu ? (*made)->num_workers() : 0;
   if (cpu) {
     (void)cpu::select_prefetch_level("auto");
-    report.prefetch_auto = cpu::prefetch_level_name();
+    report.prefetch_auto = cpu::prefetch_level_name() + "; " + cpu::prefetch_distance_name();
   }
   // Every (context, q_len, window, mode) row of one target and prefetch
   // selection, from `base` (which names them and the compute roof).

@@ -112,6 +112,7 @@ class CpuStream final : public BackendStream {
   MatrixUnit unit_ = MatrixUnit::kNone;  // this launch's bf16 matrix unit (matrix_unit_for)
   bool fp8_tables_ = false;              // this launch widens fp8 by tables (fp8_tables_serve)
   PrefetchLevels prefetch_;              // this launch's prefetch levels (prefetch_levels)
+  PrefetchDistance prefetch_ahead_;      // and distance (prefetch_distance)
   float score_scale_ = 1.f;              // the AMX path's factor on each score
   std::vector<float> stats_;             // [2][partial rows]: m, then l
   std::vector<float> accs_;              // [partial rows, head_dim]

@@ -66,6 +66,7 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
   unit_ = matrix_unit_for(g);
   fp8_tables_ = fp8_tables_serve(g);
   prefetch_ = prefetch_levels();
+  prefetch_ahead_ = prefetch_distance();
   score_scale_ = unit_ != MatrixUnit::kNone ? qscale : 1.f;
   if (unit_ == MatrixUnit::kNone) {
     for (float& x : q32_) x *= qscale;
@@ -133,6 +134,7 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   t.unit = unit_;
   t.fp8_tables = fp8_tables_;
   t.prefetch = prefetch_;
+  t.prefetch_ahead = prefetch_ahead_;
   t.score_scale = score_scale_;
   t.m = stats_.data();
   t.l = stats_.data() + plan_.partial_rows();

@@ -57,9 +57,6 @@ template <typename T>
 constexpr int kDirectRows = kWideTarget && sizeof(T) == 2 ? 2 * kRowBlock : kRowBlock;
 constexpr int score_tokens(int rows) { return kAccumulators / rows < 4 ? kAccumulators / rows : 4; }
 constexpr int pv_vectors(int rows) { return kAccumulators / rows; }
-// How far ahead of the reads lines are requested from memory, in rows (8 KiB
-// of fp16 rows at head_dim 128: measured best between 24 and 48 rows here).
-constexpr int64_t kPrefetchRows = 32;
 
 // One vector of a row, as fp32: converted in registers for a 16- or 8-bit
 // cache. fp8 goes through fp16 bit patterns (F16C's conversion on x86), the
@@ -635,7 +632,7 @@ void partial_impl(const PartialTask& t) {
   const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T));
   constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
   const int64_t lines_per_row = kLinesPerRow;
-  LinePrefetch prefetch(plan, k_src, v_src, kPrefetchRows * lines_per_row, t.prefetch.fma(rows));
+  LinePrefetch prefetch(plan, k_src, v_src, t.prefetch_ahead.rows(rows) * lines_per_row, t.prefetch.fma(rows));
   // Up to kDirectRows<T> rows read the cache directly (InPlace<T>); more share
   // a tile, converted once (an fp8 tile through the byte tables where they serve).
   const bool direct_k = rows <= kDirectRows<T> && !rows_in_lanes;
@@ -771,7 +768,6 @@ HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_
 struct AmxUnit {
   using Scope = amx::TileScope;
   static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.amx; }
-  static int64_t prefetch_rows(int32_t /*rows*/) { return kPrefetchRows; }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
     amx::scores(qb, d, keys, groups, rows, scale, out, out_stride, requests);
@@ -784,11 +780,6 @@ struct AmxUnit {
 struct DotUnit {
   struct Scope {};  // no per-thread state
   static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.bf16_dot; }
-  // Up to 8 rows (scores with keys in the lanes too, bf16dot::scores) a task
-  // waits on memory and requests 48 rows ahead: 0.89x the time of 32 rows
-  // with 4 rows (AMD Zen 5, 2 threads, bf16 8 x 4096 tokens, GQA 4, one query
-  // row), 0.94x with 8; 16-row blocks are best at 32 (48: 1.03x).
-  static int64_t prefetch_rows(int32_t rows) { return rows <= 8 ? 48 : kPrefetchRows; }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
     bf16dot::scores(qb, d, keys, groups, rows, scale, out, out_stride, requests);
@@ -834,7 +825,7 @@ void partial_bf16_unit(const PartialTask& t) {
   const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(T));
   const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T));
   constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
-  LinePrefetch prefetch(plan, k_src, v_src, Unit::prefetch_rows(rows) * kLinesPerRow,
+  LinePrefetch prefetch(plan, k_src, v_src, t.prefetch_ahead.rows(rows) * kLinesPerRow,
                         Unit::prefetch_level(t.prefetch));
   for (int32_t b = 0; b < blocks; ++b) {
     const float* q[kTileRows];

@@ -84,8 +84,10 @@ struct PartialTask {
   // An fp8 cache widened through byte tables (fp8_tables_serve in
   // pagoda/cpu_targets.h): the same values as load_f32's, in fewer instructions.
   bool fp8_tables = false;
-  // Where each path requests its lines ahead of the reads (prefetch_levels()).
+  // Where each path requests its lines ahead of the reads (prefetch_levels()),
+  // and how far ahead (prefetch_distance()).
   PrefetchLevels prefetch;
+  PrefetchDistance prefetch_ahead;
 
   // Out, row (p, h) at index position[p].partial + h:
   float* m = nullptr;                 // running max, base 2 (-inf: no key)

@@ -36,6 +36,23 @@ PrefetchLevels auto_prefetch_levels(CpuFamily cpu) {
   return zen5_or_later(cpu) ? kAllL1 : kMemoryBoundToL2;
 }
 
+// Zen 5, lines to L1, medians of paired alternating runs against 32 rows (8 x
+// 4096 tokens, head_dim 128, 2 threads): the FMAs' fp16 GQA 4 with one query
+// row 0.93x the time at 48 rows (0.93x at 64), GQA 8 0.955x, e5m2 0.96x,
+// head_dim 64 and GQA 1 level (0.98-1.0x), 16-row tasks level; the dot
+// products' bf16 GQA 4 with one row 0.89x, GQA 8 0.94x, 16 rows 1.03x (kept at
+// 32). Zen 4 and Intel, lines to L2 for these tasks, keep 32 rows (measured
+// best between 24 and 48 there).
+PrefetchDistance auto_prefetch_distance(CpuFamily cpu) {
+  if (zen5_or_later(cpu)) return {48, 32};
+  return {};
+}
+
+PrefetchDistance prefetch_distance() {
+  static const PrefetchDistance here = auto_prefetch_distance(this_cpu_family());
+  return here;
+}
+
 PrefetchLevels prefetch_levels() {
   switch (g_choice.load(std::memory_order_relaxed)) {
     case Choice::kL1: return kAllL1;
@@ -79,5 +96,13 @@ Status select_prefetch_level(const std::string& level) {
 }
 
 std::string prefetch_level_name() { return describe(prefetch_levels()); }
+
+std::string describe(const PrefetchDistance& d) {
+  if (d.few_rows == d.many_rows) return std::to_string(d.few_rows) + " rows ahead";
+  return std::to_string(d.few_rows) + " rows ahead for tasks of up to " + std::to_string(kFewPrefetchRows) +
+         " rows, " + std::to_string(d.many_rows) + " for wider ones";
+}
+
+std::string prefetch_distance_name() { return describe(prefetch_distance()); }
 
 }  // namespace pagoda::cpu

@@ -43,6 +43,24 @@ inline constexpr PrefetchLevels kAllL2{PrefetchLevel::kL2, PrefetchLevel::kL2, P
 // The levels measured faster on a CPU family ("auto").
 PrefetchLevels auto_prefetch_levels(CpuFamily cpu);
 
+// How far ahead of its reads a task requests lines, in rows: tasks of up to
+// kFewPrefetchRows rows (memory-bound on any unit) and wider ones. Like the
+// level, it changes no bits.
+struct PrefetchDistance {
+  int32_t few_rows = 32;   // 8 KiB of fp16 rows at head_dim 128
+  int32_t many_rows = 32;
+
+  int64_t rows(int32_t task_rows) const { return task_rows <= kFewPrefetchRows ? few_rows : many_rows; }
+  bool operator==(const PrefetchDistance&) const = default;
+};
+
+// The distance measured best on a CPU family, and this CPU's (once per process).
+PrefetchDistance auto_prefetch_distance(CpuFamily cpu);
+PrefetchDistance prefetch_distance();
+
+// "32 rows ahead", or "48 rows ahead for tasks of up to 8 rows, 32 for wider ones".
+std::string describe(const PrefetchDistance& d);
+
 // The levels in force (select_prefetch_level in pagoda/cpu_targets.h).
 PrefetchLevels prefetch_levels();
 

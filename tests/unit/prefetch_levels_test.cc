@@ -32,6 +32,22 @@ TEST_F(PrefetchLevelsTest, AutoIsL1OnZen5AndMemoryBoundTasksToL2Elsewhere) {
   EXPECT_EQ(describe(split), "L2 (FMA to 8 rows, dot products), L1 (wider FMA, tiles)");
 }
 
+TEST_F(PrefetchLevelsTest, DistanceIs48RowsForFewRowsOnZen5And32Elsewhere) {
+  const PrefetchDistance zen5 = auto_prefetch_distance({true, 0x1A});
+  EXPECT_EQ(zen5.rows(1), 48);
+  EXPECT_EQ(zen5.rows(kFewPrefetchRows), 48);
+  EXPECT_EQ(zen5.rows(kFewPrefetchRows + 1), 32);
+  EXPECT_EQ(auto_prefetch_distance({true, 0x1B}), zen5) << "families after Zen 5 keep its distance";
+  for (const CpuFamily other : {CpuFamily{true, 0x19}, CpuFamily{false, 6}, CpuFamily{}}) {
+    EXPECT_EQ(auto_prefetch_distance(other).rows(1), 32);
+    EXPECT_EQ(auto_prefetch_distance(other).rows(16), 32);
+  }
+  EXPECT_EQ(describe(zen5), "48 rows ahead for tasks of up to 8 rows, 32 for wider ones");
+  EXPECT_EQ(describe(PrefetchDistance{}), "32 rows ahead");
+  EXPECT_EQ(prefetch_distance(), auto_prefetch_distance(this_cpu_family()));
+  EXPECT_EQ(prefetch_distance_name(), describe(prefetch_distance()));
+}
+
 TEST_F(PrefetchLevelsTest, SelectionByNameAndARefusalChangesNothing) {
   ASSERT_TRUE(select_prefetch_level("l2").ok());
   EXPECT_EQ(prefetch_levels(), kAllL2);

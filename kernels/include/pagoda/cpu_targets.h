@@ -37,6 +37,10 @@ Status select_prefetch_level(const std::string& level);
 // The levels in force, e.g. "L1", or per path where they differ.
 std::string prefetch_level_name();
 
+// How far ahead the tasks request lines on this CPU, e.g. "32 rows ahead", or
+// "48 rows ahead for tasks of up to 8 rows, 32 for wider ones".
+std::string prefetch_distance_name();
+
 // The unit that multiplies a bf16 (or fp8, widened) cache's Q.K^T and P.V in
 // bf16 with fp32 accumulation, instead of fp32 FMAs.
 enum class MatrixUnit : uint8_t {

@@ -49,14 +49,15 @@ constexpr bool kWideTarget = HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr int kAccumulators = kWideTarget ? 16 : 8;
 constexpr int kRowBlock = 4;
 // Rows up to which the cache is read in place, each block widening what it
-// reads (more share a tile, widened once): one block's, or on AVX-512 four of
-// a 16-bit cache, whose one-instruction widening costs about what a tile's
-// store and reloads do (GQA 8 with one query row, fp16 and bf16: 5-6% faster
-// in place; 16 rows, GQA 4 with four query rows: 0.95x the time for fp16,
-// 0.97x for bf16, and V at GQA 16 with one: 0.97x;
-// fp8, widened in several instructions, 10% faster from a tile).
+// reads (more share a tile, widened once): one block's, or of a 16-bit cache
+// four on AVX-512 and two on AVX2, whose one-instruction widening costs about
+// what a tile's store and reloads do (GQA 8 with one query row, fp16 and
+// bf16: 5-6% faster in place on AVX-512, 0.97-0.98x the time on AVX2; 16
+// rows, GQA 4 with four query rows: 0.95x for fp16, 0.97x for bf16, and V at
+// GQA 16 with one: 0.97x; fp8, widened in several instructions, 10% faster
+// from a tile).
 template <typename T>
-constexpr int kDirectRows = kWideTarget && sizeof(T) == 2 ? 4 * kRowBlock : kRowBlock;
+constexpr int kDirectRows = sizeof(T) == 2 ? (kWideTarget ? 4 : 2) * kRowBlock : kRowBlock;
 // AVX2 scores 4 rows x 3 tokens from head_dim 128: 12 accumulators (many FMAs
 // take q straight from memory), where 4 x 2 kept only the 8 chains that two FMA
 // ports of latency 4 need, with no slack (AMD Zen 5, 2 threads, fp16 GQA 4,

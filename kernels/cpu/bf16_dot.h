@@ -6,11 +6,14 @@
 // On Zen 4 a 512-bit VDPBF16PS (32 multiply-adds) issues as often as a
 // 512-bit FMA (16): measured 226 against 113 GFLOP/s on one thread.
 //
-// Lanes. Scores put the rows in the lanes: pair p of q for 16 (or 8) rows is
-// one vector of the packed q, each key's pair p a 32-bit broadcast from the
-// cache row where it lies, so K is neither converted nor rearranged and there
-// is no horizontal sum. P.V puts 16 output elements in the lanes: a vector of
-// packed V (two keys x 16 elements) against a row's two weights broadcast.
+// Lanes. Scores of 9 to 16 rows put the rows in the lanes: pair p of q for 16
+// rows is one vector of the packed q, each key's pair p a 32-bit broadcast
+// from the cache row where it lies, so K is neither converted nor rearranged
+// and there is no horizontal sum. Up to 8 rows put keys in the lanes too: a
+// 128-bit lane per key, a quad of rows in its words, the key's pairs inserted
+// from its row and spread over the lane one at a time. P.V puts 16 output
+// elements in the lanes: a vector of packed V (two keys x 16 elements)
+// against a row's two weights broadcast.
 //
 // Bits: every output element is one chain over its reduced dimension, pair
 // after pair in order, whatever the other rows, keys or lanes hold, so a row

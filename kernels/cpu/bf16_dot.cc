@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/bf16_blocks_inl.h"
 
@@ -23,52 +24,46 @@ inline int32_t pair_at(const void* p) {
   return w;
 }
 
-// Scores of 9 to 16 rows: the rows in the lanes of 512-bit vectors.
-struct Rows16 {
-  using Acc = __m512;
-  PAGODA_BF16_TARGET static Acc zero() { return _mm512_setzero_ps(); }
-  PAGODA_BF16_TARGET static Acc dot(Acc acc, const uint16_t* q_pair, int32_t k_pair) {
-    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(q_pair)),
-                            reinterpret_cast<__m512bh>(_mm512_set1_epi32(k_pair)));
+// Calls fn(std::integral_constant<int64_t, kStride>()) with the byte stride of
+// key rows known at compile time where every group's rows are packed (2 d
+// bytes, the head dims of the vocabulary): each key's words are then one
+// displacement off a single pointer, the row addresses taking no registers;
+// else kStride = 0, the groups' own strides read at run time.
+template <class Fn>
+PAGODA_BF16_TARGET inline void with_key_stride(int32_t d, const KeyRows* keys, int32_t groups, const Fn& fn) {
+  bool packed = true;
+  for (int32_t g = 0; g < groups; ++g) packed = packed && keys[g].stride == 2 * static_cast<int64_t>(d);
+  if (packed) {
+    switch (d) {
+      case 64: return fn(std::integral_constant<int64_t, 128>());
+      case 128: return fn(std::integral_constant<int64_t, 256>());
+      case 256: return fn(std::integral_constant<int64_t, 512>());
+      case 576: return fn(std::integral_constant<int64_t, 1152>());
+      default: break;
+    }
   }
-  PAGODA_BF16_TARGET static void store(float* row, Acc acc) { _mm512_store_ps(row, acc); }
-};
+  fn(std::integral_constant<int64_t, 0>());
+}
 
-// st[j][r] = q[r] . key j for the 16 keys of `keys` and the rows of W: 16
-// independent chains cover VDPBF16PS's latency. kStride > 0: the rows are that
-// many bytes apart (the cache's own rows, and the copies), so each key's word
-// is one displacement off a single pointer and the 16 row addresses take no
-// registers; 0: keys.stride, read at run time.
-template <class W, int64_t kStride>
+// Scores of 9 to 16 rows, the rows in the lanes of 512-bit vectors:
+// st[j][r] = q[r] . key j for the 16 keys of `keys`, 16 independent chains
+// covering VDPBF16PS's latency. kStride as with_key_stride gives it.
+template <int64_t kStride>
 PAGODA_BF16_TARGET inline void scores_transposed(const uint16_t* qb, int32_t d, const KeyRows& keys, float* st,
                                                 Spread& spread) {
   const auto* k = reinterpret_cast<const char*>(keys.k);
   const int64_t stride = kStride > 0 ? kStride : keys.stride;
-  typename W::Acc acc[kTileRows];
-  for (auto& a : acc) a = W::zero();
+  __m512 acc[kTileRows];
+  for (auto& a : acc) a = _mm512_setzero_ps();
   for (int32_t p = 0; p < d / 2; ++p, k += 4) {
     // One load of the q pair serves the 16 keys (hoisted out of the loop).
-    for (int j = 0; j < kTileRows; ++j) acc[j] = W::dot(acc[j], qb + 32 * p, pair_at(k + j * stride));
+    const __m512bh q = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb + 32 * p));
+    for (int j = 0; j < kTileRows; ++j) {
+      acc[j] = _mm512_dpbf16_ps(acc[j], q, reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_at(k + j * stride))));
+    }
     if ((p & 15) == 15) spread.tick();
   }
-  for (int j = 0; j < kTileRows; ++j) W::store(st + kTileRows * j, acc[j]);
-}
-
-// The head dims of the vocabulary with their rows packed (stride 2 d bytes),
-// else the run-time stride.
-template <class W>
-PAGODA_BF16_TARGET inline void scores_of_group(const uint16_t* qb, int32_t d, const KeyRows& keys, float* st,
-                                              Spread& spread) {
-  if (keys.stride == 2 * static_cast<int64_t>(d)) {
-    switch (d) {
-      case 64: return scores_transposed<W, 128>(qb, d, keys, st, spread);
-      case 128: return scores_transposed<W, 256>(qb, d, keys, st, spread);
-      case 256: return scores_transposed<W, 512>(qb, d, keys, st, spread);
-      case 576: return scores_transposed<W, 1152>(qb, d, keys, st, spread);
-      default: break;
-    }
-  }
-  scores_transposed<W, 0>(qb, d, keys, st, spread);
+  for (int j = 0; j < kTileRows; ++j) _mm512_store_ps(st + kTileRows * j, acc[j]);
 }
 
 // Up to 8 rows with keys in the lanes as well: a 128-bit lane per key, the
@@ -79,8 +74,8 @@ PAGODA_BF16_TARGET inline void scores_of_group(const uint16_t* qb, int32_t d, co
 // pair p (pairs p .. p + 3) are inserted there and each pair spread over the
 // lane in turn, so every score is the same chain, pair after pair, as in the
 // rows-in-lanes form (the same bits), and a 4 x 4 transpose inside the lanes
-// leaves row s of the quad with its 16 scores in key order. kStride as in
-// scores_transposed, for every group.
+// leaves row s of the quad with its 16 scores in key order. kStride as
+// with_key_stride gives it.
 template <int kQuads, int kGroups, int64_t kStride>
 PAGODA_BF16_TARGET inline void scores_by_quads(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t rows,
                                                __m512 scale, float* out, int64_t out_stride, Spread& spread) {
@@ -149,23 +144,6 @@ PAGODA_BF16_TARGET inline void scores_by_quads(const uint16_t* qb, int32_t d, co
   }
 }
 
-template <int kQuads, int kGroups>
-PAGODA_BF16_TARGET void scores_of_quads(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t rows,
-                                        __m512 scale, float* out, int64_t out_stride, Spread& spread) {
-  bool packed = true;
-  for (int g = 0; g < kGroups; ++g) packed = packed && keys[g].stride == 2 * static_cast<int64_t>(d);
-  if (packed) {
-    switch (d) {
-      case 64: return scores_by_quads<kQuads, kGroups, 128>(qb, d, keys, rows, scale, out, out_stride, spread);
-      case 128: return scores_by_quads<kQuads, kGroups, 256>(qb, d, keys, rows, scale, out, out_stride, spread);
-      case 256: return scores_by_quads<kQuads, kGroups, 512>(qb, d, keys, rows, scale, out, out_stride, spread);
-      case 576: return scores_by_quads<kQuads, kGroups, 1152>(qb, d, keys, rows, scale, out, out_stride, spread);
-      default: break;
-    }
-  }
-  scores_by_quads<kQuads, kGroups, 0>(qb, d, keys, rows, scale, out, out_stride, spread);
-}
-
 // kRows rows of P.V over kVecs stretches of 16 output elements at a time:
 // kRows x kVecs accumulators, each packed V vector loaded once for the rows,
 // each row's pair of weights broadcast once for the stretches.
@@ -219,17 +197,23 @@ PAGODA_BF16_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* key
                                float scale, float* out, int64_t out_stride, Requests requests) {
   Spread spread(requests, groups * (d / 32 + 1));
   const __m512 vs = _mm512_set1_ps(scale);
-  if (rows <= 4) {
-    if (groups == 2) return scores_of_quads<1, 2>(qb, d, keys, rows, vs, out, out_stride, spread);
-    return scores_of_quads<1, 1>(qb, d, keys, rows, vs, out, out_stride, spread);
-  }
   if (rows <= 8) {
-    if (groups == 2) return scores_of_quads<2, 2>(qb, d, keys, rows, vs, out, out_stride, spread);
-    return scores_of_quads<2, 1>(qb, d, keys, rows, vs, out, out_stride, spread);
+    return with_key_stride(d, keys, groups, [&](auto stride) PAGODA_BF16_TARGET {
+      constexpr int64_t kStride = decltype(stride)::value;
+      const auto by_quads = [&](auto quads) PAGODA_BF16_TARGET {
+        constexpr int kQuads = decltype(quads)::value;
+        if (groups == 2) return scores_by_quads<kQuads, 2, kStride>(qb, d, keys, rows, vs, out, out_stride, spread);
+        scores_by_quads<kQuads, 1, kStride>(qb, d, keys, rows, vs, out, out_stride, spread);
+      };
+      if (rows <= 4) return by_quads(std::integral_constant<int, 1>());
+      by_quads(std::integral_constant<int, 2>());
+    });
   }
   alignas(64) float st[kTileRows * kTileRows];  // [key][row]
   for (int32_t gi = 0; gi < groups; ++gi) {
-    scores_of_group<Rows16>(qb, d, keys[gi], st, spread);
+    with_key_stride(d, keys + gi, 1, [&](auto stride) PAGODA_BF16_TARGET {
+      scores_transposed<decltype(stride)::value>(qb, d, keys[gi], st, spread);
+    });
     __m512 s[kTileRows];
     bf16::transpose16(st, s);
     const __mmask16 live = static_cast<__mmask16>((1u << keys[gi].n) - 1);

@@ -198,21 +198,16 @@ HWY_INLINE void store_scores(VF (&acc)[kRows][kTokens], float* const* HWY_RESTRI
 #else
   const hn::Full128<float> d4;
   HWY_ALIGN float tail[4];
-  if constexpr (kTokens == 4) {
+  if constexpr (kTokens >= 3) {
+    // Three tokens fill the fourth lane with a copy of the third, not stored.
     for (int r = 0; r < kRows; ++r) {
-      const auto s = lane_sums4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      const auto s = lane_sums4(acc[r][0], acc[r][1], acc[r][2], acc[r][kTokens - 1]);
       if (HWY_LIKELY(n == 4)) {
         hn::StoreU(s, d4, out[r] + t);
       } else {
         hn::Store(s, d4, tail);
         std::memcpy(out[r] + t, tail, static_cast<size_t>(n) * sizeof(float));
       }
-    }
-  } else if constexpr (kTokens == 3) {
-    for (int r = 0; r < kRows; ++r) {
-      const auto s = lane_sums4(acc[r][0], acc[r][1], acc[r][2], acc[r][2]);
-      hn::Store(s, d4, tail);
-      std::memcpy(out[r] + t, tail, static_cast<size_t>(n) * sizeof(float));
     }
   } else if constexpr (kTokens == 2) {
     static_assert(kRows % 2 == 0 || kRows == 1, "rows pair up two tokens at a time");

@@ -203,7 +203,7 @@ TEST_P(Fp8KernelReads, NanCodeInALongBlockIsReadATileAtATime) {
   CacheGeometry g;
   g.num_layers = 1;
   g.num_kv_heads = 1;
-  g.num_q_heads = 4;  // GQA 4: the cache is read in place
+  g.num_q_heads = 4;  // GQA 4: the FMAs read the cache in place (best may give e4m3 to the dot products)
   g.head_dim = kD;
   g.block_size = 256;
   g.dtype = DType::kFloat8E4M3;

@@ -853,6 +853,7 @@ void partial_bf16_unit(const PartialTask& t) {
   const typename Unit::Scope unit_state;
   SoftmaxStats<float> stats[kMaxTaskRows];
   const uint16_t* v_rows[kPvKeys];
+  const uint8_t* v_codes[kPvKeys];  // fp8 V rows where the byte tables widen them
   const float* p_rows[kTileRows];
   int32_t p_begin[kTileRows];
   int32_t p_end[kTileRows];
@@ -907,12 +908,15 @@ void partial_bf16_unit(const PartialTask& t) {
       const int64_t lo = std::max(span.begin, base + g0);
       const int64_t hi = std::min(span.end, base + g0 + kPvKeys);
       std::fill(v_rows, v_rows + kPvKeys, nullptr);
+      std::fill(v_codes, v_codes + kPvKeys, nullptr);
       for (int64_t pos = lo; pos < hi;) {
         int64_t n = 0;
         const auto* v = reinterpret_cast<const T*>(v_src.run(pos, hi, &n));
         const int64_t first = pos - base - g0;
         if constexpr (kBf16) {
           for (int64_t j = 0; j < n; ++j) v_rows[first + j] = reinterpret_cast<const uint16_t*>(v + j * kD);
+        } else if (t.fp8_tables) {
+          for (int64_t j = 0; j < n; ++j) v_codes[first + j] = reinterpret_cast<const uint8_t*>(v + j * kD);
         } else {
           rows_to_bf16<T, kDv, kD>(v, n, v_bf16 + first * kDv, t.fp8_tables);
           for (int64_t j = 0; j < n; ++j) v_rows[first + j] = v_bf16 + (first + j) * kDv;
@@ -920,7 +924,12 @@ void partial_bf16_unit(const PartialTask& t) {
         pos += n;
       }
       prefetch.consumed((hi - lo) * kLinesPerRow);
-      bf16::pack_v(v_rows, kDv, vb, {&prefetch, (hi - lo) * kLinesPerRow});
+      const bf16::Requests v_requests{&prefetch, (hi - lo) * kLinesPerRow};
+      if (!kBf16 && t.fp8_tables) {
+        fp8tab::pack_v(kFp8Format<T>, v_codes, kDv, vb, v_requests);  // widened and interleaved in one pass
+      } else {
+        bf16::pack_v(v_rows, kDv, vb, v_requests);
+      }
       for (int32_t b = 0; b < blocks; ++b) {
         const int32_t live = std::min(kTileRows, rows - b * kTileRows);
         bool any = false;

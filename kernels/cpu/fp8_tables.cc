@@ -6,6 +6,8 @@
 
 #include <bit>
 
+#include "cpu/bf16_blocks_inl.h"
+
 // GCC 12's AVX-512 intrinsics start their results from _mm512_undefined_*(),
 // which -Wuninitialized reports once inlined (GCC bug 105593, fixed in 13).
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
@@ -79,10 +81,26 @@ PAGODA_VBMI_TARGET inline Lookup load_lookup(const Tables& t) {
 // permuted byte 16L + 4k + i, which must be code 16k + 4L + i.
 // bf16: output vector k (elements 32k .. 32k+31), lane L, word i comes from
 // permuted byte 16L + 8k + i, which must be code 32k + 8L + i.
+// Packed V (bf16::pack_v's layout): two rows' codes side by side, the first
+// row's 64 codes as indices 0..63 and the second's as 64..127. Output vector
+// `half` of permutation h holds the stretch of 16 elements s = 2h + half of
+// the 64, as (first, second) pairs: its word w = 2e + i, lane L = w / 8,
+// comes from permuted byte 16L + 8 half + w % 8, which must be code
+// 16s + e of row i.
 struct Orders {
   alignas(64) uint8_t f32[64];
   alignas(64) uint8_t bf16[64];
+  alignas(64) uint8_t pairs[2][64];
   Orders() {
+    for (int h = 0; h < 2; ++h) {
+      for (int half = 0; half < 2; ++half) {
+        for (int w = 0; w < 32; ++w) {
+          const int e = w / 2;
+          const int row = w % 2;
+          pairs[h][16 * (w / 8) + 8 * half + w % 8] = static_cast<uint8_t>(64 * row + 16 * (2 * h + half) + e);
+        }
+      }
+    }
     for (int l = 0; l < 4; ++l) {
       for (int k = 0; k < 4; ++k) {
         for (int i = 0; i < 4; ++i) f32[16 * l + 4 * k + i] = static_cast<uint8_t>(16 * k + 4 * l + i);
@@ -99,16 +117,20 @@ const Orders& orders() {
   return o;
 }
 
-// 64 codes as their bf16 words in two vectors (interleaved inside 128-bit lanes
-// as `order` arranges), low bytes and high bytes looked up by magnitude.
-PAGODA_VBMI_TARGET inline void widen64(const uint8_t* in, const Lookup& t, __m512i order, __m512i& w0,
-                                       __m512i& w1) {
-  const __m512i c = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(in));
+// 64 codes, already arranged, as their bf16 words in two vectors: low bytes
+// and high bytes looked up by magnitude, interleaved inside 128-bit lanes.
+PAGODA_VBMI_TARGET inline void widen_arranged(__m512i c, const Lookup& t, __m512i& w0, __m512i& w1) {
   const __m512i lo = _mm512_permutex2var_epi8(t.lo0, c, t.lo1);  // index bits 0..6: bit 7 (the sign) unused
   __m512i hi = _mm512_permutex2var_epi8(t.hi0, c, t.hi1);
   hi = _mm512_ternarylogic_epi32(hi, c, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);  // hi | (c & 0x80)
   w0 = _mm512_unpacklo_epi8(lo, hi);
   w1 = _mm512_unpackhi_epi8(lo, hi);
+}
+
+// 64 codes as their bf16 words in two vectors, in the order `order` arranges.
+PAGODA_VBMI_TARGET inline void widen64(const uint8_t* in, const Lookup& t, __m512i order, __m512i& w0,
+                                       __m512i& w1) {
+  widen_arranged(_mm512_permutexvar_epi8(order, _mm512_loadu_si512(in)), t, w0, w1);
 }
 
 }  // namespace
@@ -160,6 +182,31 @@ PAGODA_VBMI_TARGET void rows_to_bf16(DType format, const uint8_t* in, int64_t st
       _mm512_storeu_si512(out, w0);
       _mm512_storeu_si512(out + 32, w1);
     }
+  }
+}
+
+PAGODA_VBMI_TARGET void pack_v(DType format, const uint8_t* const* v, int32_t dv, uint16_t* vb,
+                               bf16::Requests requests) {
+  using bf16::kValuesPerTile;
+  bf16::Spread spread(requests, bf16::kPvKeys / 2);
+  const Lookup t = load_lookup(tables_for(format));
+  const __m512i order[2] = {_mm512_load_si512(orders().pairs[0]), _mm512_load_si512(orders().pairs[1])};
+  const __m512i zero = _mm512_setzero_si512();  // code 0 is +0 in both formats
+  for (int k = 0; k < bf16::kPvKeys / 2; ++k) {
+    const uint8_t* v0 = v[2 * k];
+    const uint8_t* v1 = v[2 * k + 1];
+    for (int32_t c = 0; c < dv / 64; ++c) {
+      const __m512i x0 = v0 ? _mm512_loadu_si512(v0 + 64 * c) : zero;
+      const __m512i x1 = v1 ? _mm512_loadu_si512(v1 + 64 * c) : zero;
+      for (int h = 0; h < 2; ++h) {
+        __m512i w0, w1;
+        widen_arranged(_mm512_permutex2var_epi8(x0, order[h], x1), t, w0, w1);
+        uint16_t* out = vb + static_cast<int64_t>(4 * c + 2 * h) * kValuesPerTile + 32 * k;
+        _mm512_storeu_si512(out, w0);
+        _mm512_storeu_si512(out + kValuesPerTile, w1);
+      }
+    }
+    spread.tick();
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "cpu/bf16_blocks.h"
 #include "pagoda/dtype.h"
 
 namespace pagoda::cpu::fp8tab {
@@ -36,5 +37,10 @@ void rows_to_f32(DType format, const uint8_t* in, int64_t stride, int64_t n, int
 // The same as bf16 bits into out ([n][width]): exact, the top halves of
 // rows_to_f32's values.
 void rows_to_bf16(DType format, const uint8_t* in, int64_t stride, int64_t n, int32_t width, uint16_t* out);
+
+// 32 V rows of codes (v[j] null: a zero row) widened and interleaved in one
+// pass into bf16::pack_v's layout: vb[t][k][e][i] = bf16(v[2k + i][16t + e]),
+// the values rows_to_bf16 gives. dv is a multiple of 64. Requires available().
+void pack_v(DType format, const uint8_t* const* v, int32_t dv, uint16_t* vb, bf16::Requests requests = {});
 
 }  // namespace pagoda::cpu::fp8tab

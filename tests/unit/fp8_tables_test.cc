@@ -1,7 +1,7 @@
 // The fp8 byte-table widening (kernels/cpu/fp8_tables.h) against the fp8
 // reference written apart: every code's widened value, rows of every code in
 // every position with a stride wider than the row, nothing written past the
-// rows; then the kernel on an fp8 cache with and without the tables (the
+// rows; V packed for the dot products straight from its codes; then the kernel on an fp8 cache with and without the tables (the
 // same bits), NaN codes inside the keys it reads, and the name it reports.
 // On a CPU without AVX-512 VBMI every case skips and says so.
 #include <gtest/gtest.h>
@@ -88,6 +88,43 @@ TEST_F(Fp8Tables, RowsWidenElementByElementAndStopAtTheirEnd) {
     for (size_t i = static_cast<size_t>(kRows * kWidth); i < f32.size(); ++i) {
       EXPECT_EQ(f32[i], sentinel) << "written past the rows at " << i;
       EXPECT_EQ(b16[i], 0xABCD) << "written past the rows at " << i;
+    }
+  }
+}
+
+// V packed straight from codes: each packed word is its code's widened bf16
+// at bf16::pack_v's place (two keys side by side per element, 16 elements a
+// stretch), null rows zero; V of 128 and of 512 (latent) elements, rows 576
+// bytes apart, every code in every position modulo 64 somewhere.
+TEST_F(Fp8Tables, VPacksFromCodesToTheWidenedValuesInPairsOfKeys) {
+  constexpr int64_t kStride = 576;
+  constexpr int kKeys = cpu::bf16::kPvKeys;
+  std::mt19937 rng(17);
+  std::vector<uint8_t> in(static_cast<size_t>(kKeys * kStride));
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>((i * 53 + rng() % 5) & 0xFF);
+  const uint8_t* rows[kKeys];
+  for (int j = 0; j < kKeys; ++j) rows[j] = j % 7 == 3 ? nullptr : in.data() + j * kStride;
+  for (const DType format : kFormats) {
+    for (const int32_t dv : {128, 512}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(format) << " dv " << dv);
+      const size_t words = static_cast<size_t>(kKeys) * dv;
+      std::vector<uint16_t> vb(words + 64, uint16_t{0xABCD});
+      cpu::fp8tab::pack_v(format, rows, dv, vb.data());
+      int mismatches = 0;
+      for (int32_t t = 0; t < dv / 16; ++t) {
+        for (int k = 0; k < kKeys / 2; ++k) {
+          for (int e = 0; e < 16; ++e) {
+            for (int i = 0; i < 2; ++i) {
+              const uint8_t* row = rows[2 * k + i];
+              const uint16_t want = row ? cpu::fp8tab::widened_bits(format, row[16 * t + e]) >> 16 : 0;
+              const size_t at = static_cast<size_t>(t) * cpu::bf16::kValuesPerTile + 32 * k + 2 * e + i;
+              if (vb[at] != want) ++mismatches;
+            }
+          }
+        }
+      }
+      EXPECT_EQ(mismatches, 0);
+      for (size_t i = words; i < vb.size(); ++i) EXPECT_EQ(vb[i], 0xABCD) << "written past the tiles at " << i;
     }
   }
 }

@@ -177,7 +177,17 @@ PAGODA_BF16_TARGET inline void accumulate_rows(const uint16_t* pa, const uint16_
 template <int kVecs>
 PAGODA_BF16_TARGET void accumulate_all(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
                                        int64_t acc_stride, int32_t rows, bool first) {
-  // Three rows of eight stretches: 24 accumulators, 8 operands beside them.
+  // Rows in fours where they come in fours (a GQA-4 group per query token):
+  // 4 x kVecs / 2 accumulators, each packed V vector loaded once for the four,
+  // where three and one loaded it twice (AMD Zen 5, 2 threads, 8 x 4096
+  // tokens, GQA 4: 0.96-0.98x the time with one query row, 0.95-0.97x with four).
+  if (rows % 4 == 0 && kVecs % 2 == 0) {
+    for (int32_t r = 0; r < rows; r += 4) {
+      accumulate_rows<4, kVecs / 2>(pa + r * kPvKeys, vb, dv, acc + r * acc_stride, acc_stride, first);
+    }
+    return;
+  }
+  // Else three rows of eight stretches: 24 accumulators, 8 operands beside them.
   int32_t r = 0;
   for (; r + 3 <= rows; r += 3) {
     accumulate_rows<3, kVecs>(pa + r * kPvKeys, vb, dv, acc + r * acc_stride, acc_stride, first);

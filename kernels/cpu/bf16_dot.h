@@ -11,9 +11,11 @@
 // from the cache row where it lies, so K is neither converted nor rearranged
 // and there is no horizontal sum. Up to 8 rows put keys in the lanes too: a
 // 128-bit lane per key, a quad of rows in its words, the key's pairs inserted
-// from its row and spread over the lane one at a time. P.V puts 16 output
-// elements in the lanes: a vector of packed V (two keys x 16 elements)
-// against a row's two weights broadcast.
+// from its row and spread over the lane one at a time; or, where the keys
+// are fp8 and widened anyway, 16 keys in the lanes, each key's pair p packed
+// in its word (fp8tab::pack_k), against a row's q pair broadcast. P.V puts
+// 16 output elements in the lanes: a vector of packed V (two keys x 16
+// elements) against a row's two weights broadcast.
 //
 // Bits: every output element is one chain over its reduced dimension, pair
 // after pair in order, whatever the other rows, keys or lanes hold, so a row
@@ -37,6 +39,11 @@ bool available();
 // most 16), g < groups (1 or 2) and j < keys[g].n, q packed by bf16::pack_q.
 void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows, float scale, float* out,
             int64_t out_stride, Requests requests = {});
+
+// The same scores from keys packed pair by pair (fp8tab::pack_k): group g's
+// 16 keys at kb + 16 d g, of which the first n[g] are scored; the same bits.
+void scores_packed(const uint16_t* qb, int32_t d, const uint16_t* kb, const int32_t* n, int32_t groups,
+                   int32_t rows, float scale, float* out, int64_t out_stride, Requests requests = {});
 
 // acc[r * acc_stride + e] += sum over j of pa[r][j] * v[j][e] for r < rows (at
 // most 16) and e < dv, pa packed by bf16::pack_p and V by bf16::pack_v; with

@@ -87,11 +87,22 @@ PAGODA_VBMI_TARGET inline Lookup load_lookup(const Tables& t) {
 // the 64, as (first, second) pairs: its word w = 2e + i, lane L = w / 8,
 // comes from permuted byte 16L + 8 half + w % 8, which must be code
 // 16s + e of row i.
+// Packed K (pack_k): a 128-bit lane holding one 4-code word of each of four
+// keys is shuffled to the four keys' first pairs, then their second pairs,
+// 2 codes a key, so that the byte-to-word interleaves give each key's pair
+// its own 32-bit word.
 struct Orders {
   alignas(64) uint8_t f32[64];
   alignas(64) uint8_t bf16[64];
   alignas(64) uint8_t pairs[2][64];
+  alignas(64) uint8_t key_pairs[64];
   Orders() {
+    for (int l = 0; l < 4; ++l) {
+      for (int i = 0; i < 8; ++i) {
+        key_pairs[16 * l + i] = static_cast<uint8_t>(4 * (i / 2) + i % 2);
+        key_pairs[16 * l + 8 + i] = static_cast<uint8_t>(4 * (i / 2) + 2 + i % 2);
+      }
+    }
     for (int h = 0; h < 2; ++h) {
       for (int half = 0; half < 2; ++half) {
         for (int w = 0; w < 32; ++w) {
@@ -179,6 +190,28 @@ PAGODA_VBMI_TARGET void rows_to_bf16(DType format, const uint8_t* in, int64_t st
     for (int32_t i = 0; i < width; i += 64, out += 64) {
       __m512i w0, w1;
       widen64(in + i, t, order, w0, w1);
+      _mm512_storeu_si512(out, w0);
+      _mm512_storeu_si512(out + 32, w1);
+    }
+  }
+}
+
+PAGODA_VBMI_TARGET void pack_k(DType format, const uint8_t* k, int64_t stride, int32_t n, int32_t d,
+                               uint16_t* kb) {
+  const Lookup t = load_lookup(tables_for(format));
+  const __m512i arrange = _mm512_load_si512(orders().key_pairs);
+  for (int32_t c = 0; c < d / 64; ++c) {
+    // 64 codes (16 words of 4) of each key; transposed, x[m] holds word m of
+    // every key: pairs 32c + 2m and 32c + 2m + 1.
+    __m512 x[bf16::kTileRows];
+    for (int j = 0; j < bf16::kTileRows; ++j) {
+      x[j] = j < n ? _mm512_loadu_ps(k + j * stride + 64 * c) : _mm512_setzero_ps();  // code 0 is +0
+    }
+    bf16::transpose16(x);
+    for (int m = 0; m < bf16::kTileRows; ++m) {
+      __m512i w0, w1;
+      widen_arranged(_mm512_shuffle_epi8(_mm512_castps_si512(x[m]), arrange), t, w0, w1);
+      uint16_t* out = kb + 32 * (32 * c + 2 * m);
       _mm512_storeu_si512(out, w0);
       _mm512_storeu_si512(out + 32, w1);
     }

@@ -38,6 +38,13 @@ void rows_to_f32(DType format, const uint8_t* in, int64_t stride, int64_t n, int
 // rows_to_f32's values.
 void rows_to_bf16(DType format, const uint8_t* in, int64_t stride, int64_t n, int32_t width, uint16_t* out);
 
+// Up to 16 key rows of codes (`stride` bytes apart, the first n read, the
+// others zero) widened and arranged pair by pair for bf16dot::scores_packed:
+// kb[p][j][i] = bf16(k[j][2p + i]), pair p of the 16 keys the 64 bytes at
+// kb + 32p, the values rows_to_bf16 gives. d is a multiple of 64; kb holds
+// 16 d values.
+void pack_k(DType format, const uint8_t* k, int64_t stride, int32_t n, int32_t d, uint16_t* kb);
+
 // 32 V rows of codes (v[j] null: a zero row) widened and interleaved in one
 // pass into bf16::pack_v's layout: vb[t][k][e][i] = bf16(v[2k + i][16t + e]),
 // the values rows_to_bf16 gives. dv is a multiple of 64. Requires available().

@@ -1,8 +1,9 @@
 // The fp8 byte-table widening (kernels/cpu/fp8_tables.h) against the fp8
 // reference written apart: every code's widened value, rows of every code in
 // every position with a stride wider than the row, nothing written past the
-// rows; V packed for the dot products straight from its codes; then the kernel on an fp8 cache with and without the tables (the
-// same bits), NaN codes inside the keys it reads, and the name it reports.
+// rows; K and V packed for the dot products straight from their codes; then
+// the kernel on an fp8 cache with and without the tables (the same bits), NaN
+// codes inside the keys it reads, and the name it reports.
 // On a CPU without AVX-512 VBMI every case skips and says so.
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu/bf16_dot.h"
 #include "cpu/decode_cpu.h"
 #include "cpu/fp8_tables.h"
 #include "pagoda/cpu_targets.h"
@@ -125,6 +127,79 @@ TEST_F(Fp8Tables, VPacksFromCodesToTheWidenedValuesInPairsOfKeys) {
       }
       EXPECT_EQ(mismatches, 0);
       for (size_t i = words; i < vb.size(); ++i) EXPECT_EQ(vb[i], 0xABCD) << "written past the tiles at " << i;
+    }
+  }
+}
+
+// K packed pair by pair from codes: each word is its code's widened bf16 at
+// pack_k's place, rows past n zero; the scores read from it have the bits of
+// the scores read from the same keys widened as rows (whose error the unit
+// tests bound against a double reference), 1 to 16 rows, one and two groups,
+// nothing written past each group's keys.
+TEST_F(Fp8Tables, ScoresFromKeysPackedPairByPairHaveTheBitsOfKeysWidenedAsRows) {
+  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << "this CPU offers no AVX512-BF16 (lscpu flag avx512_bf16)";
+  using cpu::bf16::kTileRows;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const DType format : kFormats) {
+    for (const int32_t d : {64, 128, 576}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(format) << " d " << d);
+      const int64_t stride = d + 64;
+      const int32_t n[2] = {16, 11};
+      std::vector<uint8_t> codes(static_cast<size_t>(2 * kTileRows * stride));
+      for (uint8_t& c : codes) c = static_cast<uint8_t>(rng() & 0xFF);
+      for (size_t i = 0; i < codes.size(); ++i) {
+        if ((codes[i] & 0x7F) == 0x7F) codes[i] = 0x11;  // no NaN codes: compared bit for bit below
+      }
+      std::vector<uint16_t> kb(static_cast<size_t>(2 * kTileRows * d));
+      std::vector<uint16_t> rows_bf16(static_cast<size_t>(2 * kTileRows * d), 0);
+      for (int g = 0; g < 2; ++g) {
+        const uint8_t* group = codes.data() + g * kTileRows * stride;
+        cpu::fp8tab::pack_k(format, group, stride, n[g], d, kb.data() + g * kTileRows * d);
+        cpu::fp8tab::rows_to_bf16(format, group, stride, n[g], d, rows_bf16.data() + g * kTileRows * d);
+        int mismatches = 0;
+        for (int32_t p = 0; p < d / 2; ++p) {
+          for (int j = 0; j < kTileRows; ++j) {
+            for (int i = 0; i < 2; ++i) {
+              const uint16_t want =
+                  j < n[g] ? cpu::fp8tab::widened_bits(format, group[j * stride + 2 * p + i]) >> 16 : 0;
+              if (kb[static_cast<size_t>(g * kTileRows * d + 32 * p + 2 * j + i)] != want) ++mismatches;
+            }
+          }
+        }
+        EXPECT_EQ(mismatches, 0) << "group " << g;
+      }
+      std::vector<float> q(static_cast<size_t>(kTileRows) * d);
+      for (float& x : q) x = normal(rng);
+      const cpu::bf16::KeyRows keys[2] = {{rows_bf16.data(), 2 * d, n[0]},
+                                          {rows_bf16.data() + kTileRows * d, 2 * d, n[1]}};
+      for (const int32_t rows : {1, 3, 4, 5, 8, 13, 16}) {
+        for (const int32_t groups : {1, 2}) {
+          SCOPED_TRACE(::testing::Message() << "rows " << rows << ", groups " << groups);
+          const float* q_rows[kTileRows] = {};
+          for (int r = 0; r < rows; ++r) q_rows[r] = q.data() + r * d;
+          std::vector<uint16_t> qb(static_cast<size_t>(kTileRows) * d);
+          cpu::bf16::pack_q(q_rows, d, qb.data());
+          constexpr int64_t out_stride = 40;
+          constexpr float kUntouched = -12345.f;
+          std::vector<float> packed(static_cast<size_t>(kTileRows) * out_stride, kUntouched);
+          std::vector<float> as_rows = packed;
+          cpu::bf16dot::scores_packed(qb.data(), d, kb.data(), n, groups, rows, 0.125f, packed.data(), out_stride);
+          cpu::bf16dot::scores(qb.data(), d, keys, groups, rows, 0.125f, as_rows.data(), out_stride);
+          for (int r = 0; r < kTileRows; ++r) {
+            for (int j = 0; j < out_stride; ++j) {
+              const size_t i = static_cast<size_t>(r * out_stride + j);
+              const bool live = r < rows && (j < n[0] || (groups == 2 && j < 16 + n[1]));
+              if (!live) {
+                ASSERT_EQ(packed[i], kUntouched) << "row " << r << " key " << j << " is not one to write";
+                continue;
+              }
+              ASSERT_EQ(std::memcmp(&packed[i], &as_rows[i], sizeof(float)), 0)
+                  << "row " << r << " key " << j << ": " << packed[i] << " against " << as_rows[i];
+            }
+          }
+        }
+      }
     }
   }
 }

@@ -1,8 +1,8 @@
 #pragma once
 // Helpers the units' sources (amx_tiles.cc, bf16_blocks.cc, bf16_dot.cc,
-// fp8_tables.cc) inline: the AVX-512 target attributes, a 16 x 16 transpose of
-// 32-bit words and the spreading of prefetch requests. Include after
-// <immintrin.h>, in sources only.
+// fp8_tables.cc) inline: the AVX-512 target attribute, a 16 x 16 transpose of
+// fp32 and the spreading of prefetch requests. Include after <immintrin.h>, in
+// sources only.
 
 #include <immintrin.h>
 
@@ -23,17 +23,16 @@
 
 namespace pagoda::cpu::bf16 {
 
-// AVX-512 F alone: inlined into the bf16 units and into the VBMI byte tables.
-#define PAGODA_AVX512F_TARGET __attribute__((target("avx512f")))
-
-// 16 vectors of 16 32-bit elements transposed in place: x[c][r] = x[r][c]
-// before.
-PAGODA_AVX512F_TARGET inline void transpose16(__m512 x[16]) {
+// rows[0..16) (16 floats each, 64-byte aligned) transposed in registers:
+// out[c][r] = in[r][c].
+PAGODA_BF16_TARGET inline void transpose16(const float* in, __m512 out[16]) {
   __m512 a[16];
   __m512 b[16];
   for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
+    const __m512 r0 = _mm512_load_ps(in + 32 * i);
+    const __m512 r1 = _mm512_load_ps(in + 32 * i + 16);
+    a[2 * i] = _mm512_unpacklo_ps(r0, r1);
+    a[2 * i + 1] = _mm512_unpackhi_ps(r0, r1);
   }
   // b[4i + c], 128-bit lane L: column 4L + c of rows 4i .. 4i + 3.
   for (int i = 0; i < 4; ++i) {
@@ -52,18 +51,11 @@ PAGODA_AVX512F_TARGET inline void transpose16(__m512 x[16]) {
     const __m512 e1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xDD);
     const __m512 f0 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88);
     const __m512 f1 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xDD);
-    x[c] = _mm512_shuffle_f32x4(e0, f0, 0x88);
-    x[8 + c] = _mm512_shuffle_f32x4(e0, f0, 0xDD);
-    x[4 + c] = _mm512_shuffle_f32x4(e1, f1, 0x88);
-    x[12 + c] = _mm512_shuffle_f32x4(e1, f1, 0xDD);
+    out[c] = _mm512_shuffle_f32x4(e0, f0, 0x88);
+    out[8 + c] = _mm512_shuffle_f32x4(e0, f0, 0xDD);
+    out[4 + c] = _mm512_shuffle_f32x4(e1, f1, 0x88);
+    out[12 + c] = _mm512_shuffle_f32x4(e1, f1, 0xDD);
   }
-}
-
-// rows[0..16) (16 floats each, 64-byte aligned) transposed in registers:
-// out[c][r] = in[r][c].
-PAGODA_AVX512F_TARGET inline void transpose16(const float* in, __m512 out[16]) {
-  for (int r = 0; r < 16; ++r) out[r] = _mm512_load_ps(in + 16 * r);
-  transpose16(out);
 }
 
 // Issues `requests` in `steps` near-equal parts, one per tick().

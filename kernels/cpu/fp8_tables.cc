@@ -87,22 +87,11 @@ PAGODA_VBMI_TARGET inline Lookup load_lookup(const Tables& t) {
 // the 64, as (first, second) pairs: its word w = 2e + i, lane L = w / 8,
 // comes from permuted byte 16L + 8 half + w % 8, which must be code
 // 16s + e of row i.
-// Packed K (pack_k): a 128-bit lane holding one 4-code word of each of four
-// keys is shuffled to the four keys' first pairs, then their second pairs,
-// 2 codes a key, so that the byte-to-word interleaves give each key's pair
-// its own 32-bit word.
 struct Orders {
   alignas(64) uint8_t f32[64];
   alignas(64) uint8_t bf16[64];
   alignas(64) uint8_t pairs[2][64];
-  alignas(64) uint8_t key_pairs[64];
   Orders() {
-    for (int l = 0; l < 4; ++l) {
-      for (int i = 0; i < 8; ++i) {
-        key_pairs[16 * l + i] = static_cast<uint8_t>(4 * (i / 2) + i % 2);
-        key_pairs[16 * l + 8 + i] = static_cast<uint8_t>(4 * (i / 2) + 2 + i % 2);
-      }
-    }
     for (int h = 0; h < 2; ++h) {
       for (int half = 0; half < 2; ++half) {
         for (int w = 0; w < 32; ++w) {
@@ -199,21 +188,44 @@ PAGODA_VBMI_TARGET void rows_to_bf16(DType format, const uint8_t* in, int64_t st
 PAGODA_VBMI_TARGET void pack_k(DType format, const uint8_t* k, int64_t stride, int32_t n, int32_t d,
                                uint16_t* kb) {
   const Lookup t = load_lookup(tables_for(format));
-  const __m512i arrange = _mm512_load_si512(orders().key_pairs);
   for (int32_t c = 0; c < d / 64; ++c) {
-    // 64 codes (16 words of 4) of each key; transposed, x[m] holds word m of
-    // every key: pairs 32c + 2m and 32c + 2m + 1.
-    __m512 x[bf16::kTileRows];
+    // 64 codes (32 pairs) of each of the 16 keys, code 0 (+0) past n.
+    __m512i x[bf16::kTileRows];
     for (int j = 0; j < bf16::kTileRows; ++j) {
-      x[j] = j < n ? _mm512_loadu_ps(k + j * stride + 64 * c) : _mm512_setzero_ps();  // code 0 is +0
+      x[j] = j < n ? _mm512_loadu_si512(k + j * stride + 64 * c) : _mm512_setzero_si512();
     }
-    bf16::transpose16(x);
-    for (int m = 0; m < bf16::kTileRows; ++m) {
-      __m512i w0, w1;
-      widen_arranged(_mm512_shuffle_epi8(_mm512_castps_si512(x[m]), arrange), t, w0, w1);
-      uint16_t* out = kb + 32 * (32 * c + 2 * m);
-      _mm512_storeu_si512(out, w0);
-      _mm512_storeu_si512(out + 32, w1);
+    // Pairs of keys interleaved pair by pair, then pairs of those: b[4g + q],
+    // 128-bit lane l, holds pairs 8l + 2q and 8l + 2q + 1 of keys 4g .. 4g+3,
+    // the four keys' first pair, then their second: what widen_arranged needs
+    // to give each key's pair its own word.
+    __m512i a[bf16::kTileRows];
+    for (int i = 0; i < 8; ++i) {
+      a[2 * i] = _mm512_unpacklo_epi16(x[2 * i], x[2 * i + 1]);
+      a[2 * i + 1] = _mm512_unpackhi_epi16(x[2 * i], x[2 * i + 1]);
+    }
+    __m512i b[bf16::kTileRows];
+    for (int g = 0; g < 4; ++g) {
+      b[4 * g + 0] = _mm512_unpacklo_epi32(a[4 * g], a[4 * g + 2]);
+      b[4 * g + 1] = _mm512_unpackhi_epi32(a[4 * g], a[4 * g + 2]);
+      b[4 * g + 2] = _mm512_unpacklo_epi32(a[4 * g + 1], a[4 * g + 3]);
+      b[4 * g + 3] = _mm512_unpackhi_epi32(a[4 * g + 1], a[4 * g + 3]);
+    }
+    // Lane l of the output for (l, q) gathers lane l of b[q], b[4 + q],
+    // b[8 + q], b[12 + q]: the 16 keys' pairs 8l + 2q and 8l + 2q + 1.
+    for (int q = 0; q < 4; ++q) {
+      const __m512i e0 = _mm512_shuffle_i32x4(b[q], b[4 + q], 0x44);
+      const __m512i e1 = _mm512_shuffle_i32x4(b[q], b[4 + q], 0xEE);
+      const __m512i f0 = _mm512_shuffle_i32x4(b[8 + q], b[12 + q], 0x44);
+      const __m512i f1 = _mm512_shuffle_i32x4(b[8 + q], b[12 + q], 0xEE);
+      const __m512i lanes[4] = {_mm512_shuffle_i32x4(e0, f0, 0x88), _mm512_shuffle_i32x4(e0, f0, 0xDD),
+                                _mm512_shuffle_i32x4(e1, f1, 0x88), _mm512_shuffle_i32x4(e1, f1, 0xDD)};
+      for (int l = 0; l < 4; ++l) {
+        __m512i w0, w1;
+        widen_arranged(lanes[l], t, w0, w1);
+        uint16_t* out = kb + 32 * (32 * c + 8 * l + 2 * q);
+        _mm512_storeu_si512(out, w0);
+        _mm512_storeu_si512(out + 32, w1);
+      }
     }
   }
 }

@@ -377,15 +377,23 @@ HWY_NOINLINE void score_lanes(const float* HWY_RESTRICT qt, int64_t rows_pad, in
 
 // 2^x for x <= 0 (a score minus its row max), vectorised: Highway 1.0.3 has
 // no Exp2. x = n + f with f in [-0.5, 0.5]; 2^f from its degree-7 Taylor series
-// (truncation 5e-9, below fp32 rounding); 2^n built in the exponent bits.
+// (truncation 5e-9, below fp32 rounding); 2^n built in the exponent bits,
+// or on AVX-512 applied by VSCALEFPS (n rounded in place: 13 instructions
+// where the bits took 17; the same product, exact or rounded once alike;
+// AMD Zen 5, 2 threads, bf16 GQA 4 with four query rows: 0.96x the time).
 // Terms under 2^-126 of the row max, and -inf (masked keys), give exactly 0.
 HWY_INLINE VF exp2_nonpositive(VF x) {
   const DF d;
-  const hn::RebindToSigned<DF> di;
   const auto underflow = hn::Lt(x, hn::Set(d, -126.f));
   x = hn::Max(x, hn::Set(d, -126.f));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const VF n = hn::Round(x);
+  const VF f = hn::Sub(x, n);
+#else
+  const hn::RebindToSigned<DF> di;
   const auto n = hn::NearestInt(x);
   const auto f = hn::Sub(x, hn::ConvertTo(d, n));
+#endif
   auto p = hn::Set(d, 1.5252733804059841e-05f);
   p = hn::MulAdd(p, f, hn::Set(d, 1.5403530393381608e-04f));
   p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-03f));
@@ -394,8 +402,12 @@ HWY_INLINE VF exp2_nonpositive(VF x) {
   p = hn::MulAdd(p, f, hn::Set(d, 2.4022650695910071e-01f));
   p = hn::MulAdd(p, f, hn::Set(d, 6.9314718055994531e-01f));
   p = hn::MulAdd(p, f, hn::Set(d, 1.f));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  return hn::IfThenZeroElse(underflow, VF{_mm512_scalef_ps(p.raw, n.raw)});
+#else
   const auto scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n, hn::Set(di, 127))));
   return hn::IfThenZeroElse(underflow, hn::Mul(p, scale));
+#endif
 }
 
 // Row scores s[first, end) (relative to the sub-block) become softmax weights

@@ -123,7 +123,7 @@ TYPED_TEST(Bf16Unit, ScoresAreFp32SumsOfTheRoundedProductsForTheLiveRowsAndKeysO
 
 TYPED_TEST(Bf16Unit, PvAddsRoundedWeightsInsideEachRowsRangeAndZerosElsewhere) {
   for (const int32_t dv : {64, 128, 512}) {
-    for (const int32_t rows : {4, 11}) {
+    for (const int32_t rows : {4, 11, 16}) {
       SCOPED_TRACE("dv " + std::to_string(dv) + ", rows " + std::to_string(rows));
       std::uniform_real_distribution<float> unit(-1.f, 1.f);
       std::uniform_real_distribution<float> weight(0.f, 1.f);
@@ -194,6 +194,54 @@ TEST(Bf16DotUnit, FirstWritesTheSumsWithoutReadingTheAccumulator) {
   std::vector<float> acc(dv, std::nanf(""));
   cpu::bf16dot::accumulate(pa, vb.data(), dv, acc.data(), dv, 1, /*first=*/true);
   for (int e = 0; e < dv; ++e) ASSERT_EQ(acc[static_cast<size_t>(e)], 1.f) << "element " << e;
+}
+
+// P.V goes in blocks of four rows where the rows come in fours, else of
+// three: each output element is one chain over the pairs in order either way,
+// so a row has the same bits alone, in 4, 8, 11 or 16 rows.
+TEST(Bf16DotUnit, PvOfARowHasItsBitsWhateverTheRowsBesideIt) {
+  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const int32_t dv : {64, 128, 512}) {
+    std::vector<uint16_t> v(static_cast<size_t>(kPvKeys) * dv);
+    for (uint16_t& x : v) x = float_to_bf16(normal(rng));
+    const uint16_t* v_rows[kPvKeys];
+    for (int j = 0; j < kPvKeys; ++j) v_rows[j] = v.data() + j * dv;
+    std::vector<uint16_t> vb(static_cast<size_t>(kPvKeys) * dv);
+    cpu::bf16::pack_v(v_rows, dv, vb.data());
+    std::vector<float> p(static_cast<size_t>(kTileRows) * kPvKeys);
+    for (float& x : p) x = std::abs(normal(rng));
+    const float* p_rows[kTileRows];
+    int32_t begin[kTileRows], end[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) {
+      p_rows[r] = p.data() + r * kPvKeys;
+      begin[r] = r % 3;
+      end[r] = kPvKeys - r % 5;
+    }
+    std::vector<float> start(static_cast<size_t>(kTileRows) * dv);
+    for (float& x : start) x = normal(rng);
+    const auto run = [&](int32_t rows) {
+      alignas(64) uint16_t pa[kTileRows * kPvKeys];
+      cpu::bf16::pack_p(p_rows, begin, end, rows, pa);
+      std::vector<float> acc = start;
+      cpu::bf16dot::accumulate(pa, vb.data(), dv, acc.data(), dv, rows);
+      return acc;
+    };
+    const std::vector<float> alone = run(1);
+    const std::vector<float> all = run(kTileRows);
+    for (const int32_t rows : {4, 8, 11}) {
+      SCOPED_TRACE("dv " + std::to_string(dv) + ", rows " + std::to_string(rows));
+      const std::vector<float> some = run(rows);
+      for (int r = 0; r < rows; ++r) {
+        for (int e = 0; e < dv; ++e) {
+          const size_t i = static_cast<size_t>(r * dv + e);
+          ASSERT_EQ(std::memcmp(&some[i], &all[i], sizeof(float)), 0) << "row " << r << " element " << e;
+          if (r == 0) ASSERT_EQ(std::memcmp(&some[i], &alone[i], sizeof(float)), 0) << "element " << e;
+        }
+      }
+    }
+  }
 }
 
 // Up to 8 rows the scores put keys in the lanes too (a quad of rows per key);

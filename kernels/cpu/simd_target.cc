@@ -50,12 +50,17 @@ CpuFamily this_cpu() {
 // GQA 8 at 1.1-1.2x and 1.8-1.9x, but GQA 4 at 0.70x for one row (the FMA path
 // reads fp8 in place, the dot products widen each tile to bf16 first; 1.6x
 // for four). On a 2-vCPU Zen 5 guest with the keys in the lanes (five runs):
-// e4m3 GQA 4 at 1.09x for one row and 1.5x for four (head_dim 64: 0.98x, level),
-// where e5m2, read in place in one shift, stays faster on the FMAs for one
-// row (0.93x on the dot products); GQA 2 stays on the FMAs (bf16 0.91x for
-// one row).
-int32_t dot_min_group(DType dtype, CpuFamily cpu) {
-  if (dtype == DType::kFloat8E4M3 && zen5_or_later(cpu)) return 4;
+// e4m3 GQA 4 at 1.09x for one row and 1.5x for four (head_dim 64: 0.98x, level);
+// GQA 2 stays on the FMAs (bf16 0.91x for one row). With fp8 operands packed
+// from their codes (six runs each): e4m3 GQA 4 at head_dim 64 1.1x for one
+// row; e5m2, which the FMAs read in place in one shift, GQA 4 at 1.03x for one
+// row and 1.7x for four at head_dim 128, but 0.89x for one row at head_dim 64
+// (1.4x for four): it takes them from head_dim 128.
+int32_t dot_min_group(DType dtype, int32_t head_dim, CpuFamily cpu) {
+  if (zen5_or_later(cpu)) {
+    if (dtype == DType::kFloat8E4M3) return 4;
+    if (dtype == DType::kFloat8E5M2 && head_dim >= 128) return 4;
+  }
   return is_fp8(dtype) ? 8 : 4;
 }
 
@@ -118,7 +123,7 @@ MatrixUnit matrix_unit_for(const CacheGeometry& g) {
     case UnitUse::kWhereFaster:
       if (amx::available()) return group >= kAmxMinGroup ? MatrixUnit::kAmx : MatrixUnit::kNone;
       if (!bf16dot::available()) return MatrixUnit::kNone;
-      return group >= dot_min_group(g.dtype, this_cpu()) ? MatrixUnit::kAvx512Bf16 : MatrixUnit::kNone;
+      return group >= dot_min_group(g.dtype, g.head_dim, this_cpu()) ? MatrixUnit::kAvx512Bf16 : MatrixUnit::kNone;
     case UnitUse::kNone: break;
   }
   return MatrixUnit::kNone;

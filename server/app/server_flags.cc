@@ -75,7 +75,8 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
   add(app, "--threads", c.threads, "CPU backend threads (0: all cores)");
   add(app, "--cpu-target", c.cpu_target,
       "CPU kernel target: best (all this CPU has: AMX tiles for a bf16 or fp8 cache of GQA 8 or wider, else "
-      "AVX512-BF16 dot products for bf16 from GQA 4 and fp8 from GQA 8, e4m3 from GQA 4 on AMD Zen 5; else AVX-512 or "
+      "AVX512-BF16 dot products for bf16 from GQA 4 and fp8 from GQA 8 (on AMD Zen 5 from GQA 4, e5m2 from head_dim "
+      "128); else AVX-512 or "
       "AVX2), amx (tiles for every bf16 and fp8 cache, refusing to start without AMX), "
       "avx512bf16 (dot products for every bf16 and fp8 cache, refusing to start without AVX512-BF16), avx3 (AVX-512 "
       "FMAs, fp32 arithmetic throughout), avx2");

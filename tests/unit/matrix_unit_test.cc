@@ -69,13 +69,20 @@ TEST_P(MatrixUnit, BestServesWideGroupsTheUnitEveryOneAndAvx3None) {
   }
   EXPECT_EQ(cpu::matrix_unit_for(gqa2), cpu::MatrixUnit::kNone) << "two rows per position leave a block mostly idle";
   EXPECT_EQ(cpu::kernel_target_name(gqa2), "AVX3");
-  // e4m3 at GQA 4 takes the dot products where they measured faster (Zen 5).
-  const bool fp8_gqa4_on_dots = best_takes(u) && u.unit == cpu::MatrixUnit::kAvx512Bf16 &&
-                                cpu::dot_min_group(DType::kFloat8E4M3, cpu::this_cpu_family()) <= 4;
-  EXPECT_EQ(cpu::matrix_unit_for(fp8_gqa4), fp8_gqa4_on_dots ? u.unit : cpu::MatrixUnit::kNone);
+  // fp8 at GQA 4 takes the dot products where they measured faster (Zen 5;
+  // e5m2 from head_dim 128), else the FMAs.
+  const bool dots_serve_best = best_takes(u) && u.unit == cpu::MatrixUnit::kAvx512Bf16;
+  const auto on_dots_under_best = [&](const CacheGeometry& f) {
+    return dots_serve_best && cpu::dot_min_group(f.dtype, f.head_dim, cpu::this_cpu_family()) <= 4;
+  };
+  EXPECT_EQ(cpu::matrix_unit_for(fp8_gqa4), on_dots_under_best(fp8_gqa4) ? u.unit : cpu::MatrixUnit::kNone);
   CacheGeometry e5m2_gqa4 = gqa4;
   e5m2_gqa4.dtype = DType::kFloat8E5M2;
-  EXPECT_EQ(cpu::matrix_unit_for(e5m2_gqa4), cpu::MatrixUnit::kNone) << "e5m2 reads faster in place on the FMAs";
+  for (const int32_t head_dim : {64, 128}) {
+    e5m2_gqa4.head_dim = head_dim;
+    EXPECT_EQ(cpu::matrix_unit_for(e5m2_gqa4), on_dots_under_best(e5m2_gqa4) ? u.unit : cpu::MatrixUnit::kNone)
+        << "e5m2, head_dim " << head_dim;
+  }
   EXPECT_EQ(cpu::matrix_unit_for(fp16), cpu::MatrixUnit::kNone) << "fp16 would lose 3 bits in bf16";
   ASSERT_TRUE(cpu::select_simd_target(u.target).ok());
   EXPECT_EQ(cpu::matrix_unit_for(g), u.unit);
@@ -95,15 +102,20 @@ TEST_P(MatrixUnit, BestServesWideGroupsTheUnitEveryOneAndAvx3None) {
   EXPECT_EQ(cpu::matrix_unit_for(g), cpu::MatrixUnit::kNone);
 }
 
-// The groups "best" gives the dot products, per dtype and CPU family: bf16
-// from 4 everywhere, fp8 from 8, but e4m3 from 4 on AMD Zen 5 and later.
-TEST(DotGroups, Bf16From4FpEightFrom8AndE4m3From4OnZen5) {
+// The groups "best" gives the dot products, per dtype, head_dim and CPU
+// family: bf16 from 4 everywhere, fp8 from 8, but on AMD Zen 5 and later e4m3
+// from 4, and e5m2 from 4 from head_dim 128.
+TEST(DotGroups, Bf16From4FpEightFrom8AndFrom4OnZen5) {
   const cpu::CpuFamily zen4{true, 0x19}, zen5{true, 0x1A}, zen6{true, 0x1B}, intel{false, 6};
   for (const cpu::CpuFamily cpu : {zen4, zen5, zen6, intel}) {
-    SCOPED_TRACE("amd " + std::to_string(cpu.amd) + ", family " + std::to_string(cpu.family));
-    EXPECT_EQ(cpu::dot_min_group(DType::kBFloat16, cpu), 4);
-    EXPECT_EQ(cpu::dot_min_group(DType::kFloat8E5M2, cpu), 8);
-    EXPECT_EQ(cpu::dot_min_group(DType::kFloat8E4M3, cpu), cpu.amd && cpu.family >= 0x1A ? 4 : 8);
+    const bool zen5_on = cpu.amd && cpu.family >= 0x1A;
+    for (const int32_t head_dim : {64, 128, 256}) {
+      SCOPED_TRACE("amd " + std::to_string(cpu.amd) + ", family " + std::to_string(cpu.family) + ", head_dim " +
+                   std::to_string(head_dim));
+      EXPECT_EQ(cpu::dot_min_group(DType::kBFloat16, head_dim, cpu), 4);
+      EXPECT_EQ(cpu::dot_min_group(DType::kFloat8E4M3, head_dim, cpu), zen5_on ? 4 : 8);
+      EXPECT_EQ(cpu::dot_min_group(DType::kFloat8E5M2, head_dim, cpu), zen5_on && head_dim >= 128 ? 4 : 8);
+    }
   }
 }
 

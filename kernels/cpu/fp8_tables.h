@@ -9,7 +9,9 @@
 // one the high bytes, and the code's sign bit is OR-ed into the high byte.
 // Byte and word interleaves then place each value in the top half of an fp32
 // lane (or side by side as bf16). About 10 instructions per 64 codes, where
-// the arithmetic widening of e4m3 costs 7 per 16.
+// the arithmetic widening of e4m3 costs 7 per 16. For the AVX512-BF16 dot
+// products the codes are arranged first, so that the widened words land in
+// the packed operands themselves (pack_k, pack_v).
 //
 // Values: exactly those of load_f32 (decode_cpu.cc), NaN payloads included:
 // the tables are built from the same fp16 bit patterns and the same hardware
@@ -42,7 +44,7 @@ void rows_to_bf16(DType format, const uint8_t* in, int64_t stride, int64_t n, in
 // others zero) widened and arranged pair by pair for bf16dot::scores_packed:
 // kb[p][j][i] = bf16(k[j][2p + i]), pair p of the 16 keys the 64 bytes at
 // kb + 32p, the values rows_to_bf16 gives. d is a multiple of 64; kb holds
-// 16 d values.
+// 16 d values. Requires available().
 void pack_k(DType format, const uint8_t* k, int64_t stride, int32_t n, int32_t d, uint16_t* kb);
 
 // 32 V rows of codes (v[j] null: a zero row) widened and interleaved in one

@@ -150,16 +150,15 @@ PAGODA_BF16_TARGET inline void scores_by_quads(const uint16_t* qb, int32_t d, co
 // in key order, so there is no transpose. kRows rows are computed (packed q's
 // padding rows are zero), the first `rows` stored.
 template <int kRows, int kGroups>
-PAGODA_BF16_TARGET inline void scores_pairs(const uint16_t* qb, int32_t d, const uint16_t* kb, const int32_t* n,
-                                            int32_t rows, __m512 scale, float* out, int64_t out_stride,
-                                            Spread& spread) {
+PAGODA_BF16_TARGET inline void scores_pairs(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t rows,
+                                            __m512 scale, float* out, int64_t out_stride, Spread& spread) {
   __m512 acc[kRows][kGroups];
   for (auto& row : acc)
     for (auto& a : row) a = _mm512_setzero_ps();
   for (int32_t p0 = 0; p0 < d / 2; p0 += 16) {
     for (int32_t p = p0; p < p0 + 16; ++p) {
       for (int g = 0; g < kGroups; ++g) {
-        const __m512bh k = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kb + 16 * d * g + 32 * p));
+        const __m512bh k = reinterpret_cast<__m512bh>(_mm512_loadu_si512(keys[g].k + 32 * p));
         for (int r = 0; r < kRows; ++r) {
           const __m512bh q = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_at(qb + 32 * p + 2 * r)));
           acc[r][g] = _mm512_dpbf16_ps(acc[r][g], k, q);
@@ -169,7 +168,7 @@ PAGODA_BF16_TARGET inline void scores_pairs(const uint16_t* qb, int32_t d, const
     for (int g = 0; g < kGroups; ++g) spread.tick();
   }
   for (int g = 0; g < kGroups; ++g) {
-    const __mmask16 live = static_cast<__mmask16>((1u << n[g]) - 1);
+    const __mmask16 live = static_cast<__mmask16>((1u << keys[g].n) - 1);
     for (int32_t r = 0; r < rows; ++r) {
       _mm512_mask_storeu_ps(out + r * out_stride + g * kTileRows, live, _mm512_mul_ps(acc[r][g], scale));
     }
@@ -265,16 +264,15 @@ PAGODA_BF16_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* key
   }
 }
 
-PAGODA_BF16_TARGET void scores_packed(const uint16_t* qb, int32_t d, const uint16_t* kb, const int32_t* n,
-                                      int32_t groups, int32_t rows, float scale, float* out, int64_t out_stride,
-                                      Requests requests) {
+PAGODA_BF16_TARGET void scores_packed(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups,
+                                      int32_t rows, float scale, float* out, int64_t out_stride, Requests requests) {
   Spread spread(requests, groups * (d / 32));
   const __m512 vs = _mm512_set1_ps(scale);
   const auto for_rows = [&](auto row_count) PAGODA_BF16_TARGET {
     constexpr int kRows = decltype(row_count)::value;
-    if (kRows <= 8 && groups == 2) return scores_pairs<kRows, 2>(qb, d, kb, n, rows, vs, out, out_stride, spread);
+    if (kRows <= 8 && groups == 2) return scores_pairs<kRows, 2>(qb, d, keys, rows, vs, out, out_stride, spread);
     for (int32_t g = 0; g < groups; ++g) {
-      scores_pairs<kRows, 1>(qb, d, kb + 16 * d * g, n + g, rows, vs, out + g * kTileRows, out_stride, spread);
+      scores_pairs<kRows, 1>(qb, d, keys + g, rows, vs, out + g * kTileRows, out_stride, spread);
     }
   };
   if (rows <= 4) return for_rows(std::integral_constant<int, 4>());

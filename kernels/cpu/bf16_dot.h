@@ -40,10 +40,11 @@ bool available();
 void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows, float scale, float* out,
             int64_t out_stride, Requests requests = {});
 
-// The same scores from keys packed pair by pair (fp8tab::pack_k): group g's
-// 16 keys at kb + 16 d g, of which the first n[g] are scored; the same bits.
-void scores_packed(const uint16_t* qb, int32_t d, const uint16_t* kb, const int32_t* n, int32_t groups,
-                   int32_t rows, float scale, float* out, int64_t out_stride, Requests requests = {});
+// The same scores, the same bits, from keys packed pair by pair
+// (fp8tab::pack_k): keys[g].k is group g's packed block (its stride unread),
+// of which the first keys[g].n keys are scored.
+void scores_packed(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows, float scale,
+                   float* out, int64_t out_stride, Requests requests = {});
 
 // acc[r * acc_stride + e] += sum over j of pa[r][j] * v[j][e] for r < rows (at
 // most 16) and e < dv, pa packed by bf16::pack_p and V by bf16::pack_v; with

@@ -7,7 +7,8 @@
 
 namespace pagoda::cpu {
 
-CpuFamily this_cpu_family() {
+namespace {
+CpuFamily read_cpu_family() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid(0, &a, &b, &c, &d) == 0) return {};
   char vendor[13] = {};
@@ -18,6 +19,12 @@ CpuFamily this_cpu_family() {
   const uint32_t base = (a >> 8) & 0xF;
   const uint32_t extended = (a >> 20) & 0xFF;
   return {std::strcmp(vendor, "AuthenticAMD") == 0, base == 0xF ? base + extended : base};
+}
+}  // namespace
+
+CpuFamily this_cpu_family() {
+  static const CpuFamily here = read_cpu_family();  // asked once: launches consult it
+  return here;
 }
 
 }  // namespace pagoda::cpu

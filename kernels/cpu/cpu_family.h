@@ -15,7 +15,7 @@ struct CpuFamily {
 };
 inline constexpr uint32_t kZen5Family = 0x1A;
 
-// From CPUID; {false, 0} where it cannot be read.
+// From CPUID, read once per process; {false, 0} where it cannot be read.
 CpuFamily this_cpu_family();
 
 // AMD Zen 5 or a later AMD family.

@@ -812,9 +812,9 @@ struct DotUnit {
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
     bf16dot::scores(qb, d, keys, groups, rows, scale, out, out_stride, requests);
   }
-  static void scores_packed(const uint16_t* qb, int32_t d, const uint16_t* kb, const int32_t* n, int32_t groups,
-                            int32_t rows, float scale, float* out, int64_t out_stride, bf16::Requests requests) {
-    bf16dot::scores_packed(qb, d, kb, n, groups, rows, scale, out, out_stride, requests);
+  static void scores_packed(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
+                            float scale, float* out, int64_t out_stride, bf16::Requests requests) {
+    bf16dot::scores_packed(qb, d, keys, groups, rows, scale, out, out_stride, requests);
   }
   static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride,
                          int32_t rows, bool first) {
@@ -872,6 +872,7 @@ void partial_bf16_unit(const PartialTask& t) {
   SoftmaxStats<float> stats[kMaxTaskRows];
   const uint16_t* v_rows[kPvKeys];
   const uint8_t* v_codes[kPvKeys];  // fp8 V rows where the byte tables widen them
+  const bool v_from_codes = !kBf16 && t.fp8_tables;
   const float* p_rows[kTileRows];
   int32_t p_begin[kTileRows];
   int32_t p_end[kTileRows];
@@ -890,7 +891,6 @@ void partial_bf16_unit(const PartialTask& t) {
     const bool packed_keys = Unit::kPackedKeys && !kBf16 && t.fp8_tables && rows <= 8;
     for (int64_t pos = span.begin; pos < span.end;) {
       bf16::KeyRows groups[2];
-      int32_t key_count[2];
       int32_t count = 0;
       int64_t at = pos;
       while (count < 2 && at < span.end && (count == 0 || groups[0].n == kTileRows)) {
@@ -912,7 +912,6 @@ void partial_bf16_unit(const PartialTask& t) {
           std::fill(pad + n * kD, pad + kTileRows * kD, uint16_t{0});
           k = pad;
         }
-        key_count[count] = static_cast<int32_t>(n);
         groups[count++] = {k, kD * static_cast<int64_t>(sizeof(uint16_t)), static_cast<int32_t>(n)};
         at += n;
       }
@@ -925,8 +924,7 @@ void partial_bf16_unit(const PartialTask& t) {
         float* out = scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens + (pos - base);
         if constexpr (Unit::kPackedKeys) {
           if (packed_keys) {
-            Unit::scores_packed(q_block, kD, kpad, key_count, count, live, t.score_scale, out, kSubBlockTokens,
-                                requests);
+            Unit::scores_packed(q_block, kD, groups, count, live, t.score_scale, out, kSubBlockTokens, requests);
             continue;
           }
         }
@@ -944,15 +942,18 @@ void partial_bf16_unit(const PartialTask& t) {
     for (int64_t g0 = (span.begin - base) / kPvKeys * kPvKeys; base + g0 < span.end; g0 += kPvKeys) {
       const int64_t lo = std::max(span.begin, base + g0);
       const int64_t hi = std::min(span.end, base + g0 + kPvKeys);
-      std::fill(v_rows, v_rows + kPvKeys, nullptr);
-      std::fill(v_codes, v_codes + kPvKeys, nullptr);
+      if (v_from_codes) {
+        std::fill(v_codes, v_codes + kPvKeys, nullptr);
+      } else {
+        std::fill(v_rows, v_rows + kPvKeys, nullptr);
+      }
       for (int64_t pos = lo; pos < hi;) {
         int64_t n = 0;
         const auto* v = reinterpret_cast<const T*>(v_src.run(pos, hi, &n));
         const int64_t first = pos - base - g0;
         if constexpr (kBf16) {
           for (int64_t j = 0; j < n; ++j) v_rows[first + j] = reinterpret_cast<const uint16_t*>(v + j * kD);
-        } else if (t.fp8_tables) {
+        } else if (v_from_codes) {
           for (int64_t j = 0; j < n; ++j) v_codes[first + j] = reinterpret_cast<const uint8_t*>(v + j * kD);
         } else {
           rows_to_bf16<T, kDv, kD>(v, n, v_bf16 + first * kDv, t.fp8_tables);
@@ -962,7 +963,7 @@ void partial_bf16_unit(const PartialTask& t) {
       }
       prefetch.consumed((hi - lo) * kLinesPerRow);
       const bf16::Requests v_requests{&prefetch, (hi - lo) * kLinesPerRow};
-      if (!kBf16 && t.fp8_tables) {
+      if (v_from_codes) {
         fp8tab::pack_v(kFp8Format<T>, v_codes, kDv, vb, v_requests);  // widened and interleaved in one pass
       } else {
         bf16::pack_v(v_rows, kDv, vb, v_requests);

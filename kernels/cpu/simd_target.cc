@@ -34,11 +34,6 @@ std::atomic<bool> g_fp8_tables{true};
 // 2.9x; GQA 4 at 0.6-1.0x for one row (1.5-1.9x for four), GQA 2 at 0.74x,
 // GQA 1 at 0.67x.
 constexpr int32_t kAmxMinGroup = 8;
-
-CpuFamily this_cpu() {
-  static const CpuFamily here = this_cpu_family();
-  return here;
-}
 }  // namespace
 
 // The dot products skip a block's padding rows in P.V and score up to 8 rows
@@ -123,7 +118,7 @@ MatrixUnit matrix_unit_for(const CacheGeometry& g) {
     case UnitUse::kWhereFaster:
       if (amx::available()) return group >= kAmxMinGroup ? MatrixUnit::kAmx : MatrixUnit::kNone;
       if (!bf16dot::available()) return MatrixUnit::kNone;
-      return group >= dot_min_group(g.dtype, g.head_dim, this_cpu()) ? MatrixUnit::kAvx512Bf16 : MatrixUnit::kNone;
+      return group >= dot_min_group(g.dtype, g.head_dim, this_cpu_family()) ? MatrixUnit::kAvx512Bf16 : MatrixUnit::kNone;
     case UnitUse::kNone: break;
   }
   return MatrixUnit::kNone;

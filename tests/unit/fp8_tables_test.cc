@@ -173,6 +173,7 @@ TEST_F(Fp8Tables, ScoresFromKeysPackedPairByPairHaveTheBitsOfKeysWidenedAsRows) 
       for (float& x : q) x = normal(rng);
       const cpu::bf16::KeyRows keys[2] = {{rows_bf16.data(), 2 * d, n[0]},
                                           {rows_bf16.data() + kTileRows * d, 2 * d, n[1]}};
+      const cpu::bf16::KeyRows packed_keys[2] = {{kb.data(), 2 * d, n[0]}, {kb.data() + kTileRows * d, 2 * d, n[1]}};
       for (const int32_t rows : {1, 3, 4, 5, 8, 13, 16}) {
         for (const int32_t groups : {1, 2}) {
           SCOPED_TRACE(::testing::Message() << "rows " << rows << ", groups " << groups);
@@ -184,7 +185,7 @@ TEST_F(Fp8Tables, ScoresFromKeysPackedPairByPairHaveTheBitsOfKeysWidenedAsRows) 
           constexpr float kUntouched = -12345.f;
           std::vector<float> packed(static_cast<size_t>(kTileRows) * out_stride, kUntouched);
           std::vector<float> as_rows = packed;
-          cpu::bf16dot::scores_packed(qb.data(), d, kb.data(), n, groups, rows, 0.125f, packed.data(), out_stride);
+          cpu::bf16dot::scores_packed(qb.data(), d, packed_keys, groups, rows, 0.125f, packed.data(), out_stride);
           cpu::bf16dot::scores(qb.data(), d, keys, groups, rows, 0.125f, as_rows.data(), out_stride);
           for (int r = 0; r < kTileRows; ++r) {
             for (int j = 0; j < out_stride; ++j) {

@@ -2,7 +2,11 @@
 // service over gRPC next to the in-process kernel on the same shape; `soak`
 // runs many clients' mixed operations and verifies every token; `transfer`
 // times ExportSequence/ImportSequence and a staged migration.
+#include <cstdlib>
+
 #include <CLI/CLI.hpp>
+
+#include "pagoda/heap_retention.h"
 
 #include "kernel_bench.h"
 #include "service_bench.h"
@@ -10,6 +14,9 @@
 #include "transfer_bench.h"
 
 int main(int argc, char** argv) {
+  // As the server does: a client's per-call tensors must not time the
+  // kernel's page faults (pagoda/heap_retention.h).
+  pagoda::retain_freed_heap(std::getenv("GLIBC_TUNABLES"));
   CLI::App app{"pagoda-bench: kernel and service benchmarks (figures are ratios measured in one run)"};
   app.require_subcommand(1);
   int exit_code = 0;

@@ -7,6 +7,7 @@
 #include "cli_context.h"
 #include "commands.h"
 #include "demo.h"
+#include "pagoda/heap_retention.h"
 
 namespace pagoda::client {
 
@@ -18,6 +19,7 @@ int report_error(const Error& error) {
 }  // namespace pagoda::client
 
 int main(int argc, char** argv) {
+  pagoda::retain_freed_heap(std::getenv("GLIBC_TUNABLES"));  // tensors every call (pagoda/heap_retention.h)
   pagoda::client::CliContext ctx;
   CLI::App app{"pagoda-cli: client of the pagoda decode-attention service (pagoda.v1)"};
   app.require_subcommand(1);

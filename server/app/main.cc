@@ -18,6 +18,7 @@
 #include "app/server_config.h"
 #include "observability/logging.h"
 #include "app/server_flags.h"
+#include "pagoda/heap_retention.h"
 
 namespace {
 
@@ -67,6 +68,9 @@ int main(int argc, char** argv) {
   }
 
   spdlog::info("pagoda-server {} starting: {}", PAGODA_VERSION, pagoda::describe(*config));
+  // Before the service allocates its first request: every call's tensors then
+  // reuse the heap's pages (pagoda/heap_retention.h).
+  spdlog::info("{}", pagoda::retain_freed_heap(std::getenv("GLIBC_TUNABLES")).detail);
   pagoda::StatusOr<std::unique_ptr<pagoda::PagodaServer>> server = pagoda::PagodaServer::start(*config);
   if (!server.ok()) {
     spdlog::critical("pagoda-server: cannot start: {}", server.status().message());

@@ -25,7 +25,7 @@ HeapRetention retain_freed_heap(const char* glibc_tunables) {
   r.mmap_threshold = mmap ? kHeapRetentionBytes : 0;
   r.detail = r.applied ? fmt::format("malloc keeps freed memory up to {} MiB (trim and mmap thresholds)",
                                      kHeapRetentionBytes >> 20)
-                       : "malloc thresholds not set: glibc refused them";
+                       : "malloc thresholds not set: the allocator refused them (a sanitizer's?)";
 #else
   (void)glibc_tunables;
   r.detail = "malloc as the C library sets it (not glibc)";

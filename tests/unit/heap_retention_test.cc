@@ -11,10 +11,27 @@
 
 #include <gtest/gtest.h>
 
+// Under a sanitizer, malloc is the sanitizer's: mallopt is refused and
+// mallinfo2 says nothing of its heap.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define PAGODA_GLIBC_MALLOC 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define PAGODA_GLIBC_MALLOC 0
+#endif
+#endif
+#if !defined(PAGODA_GLIBC_MALLOC)
+#if defined(__GLIBC__)
+#define PAGODA_GLIBC_MALLOC 1
+#else
+#define PAGODA_GLIBC_MALLOC 0
+#endif
+#endif
+
 namespace pagoda {
 namespace {
 
-#if defined(__GLIBC__)
+#if PAGODA_GLIBC_MALLOC
 TEST(HeapRetention, SetsBothThresholds) {
   const HeapRetention r = retain_freed_heap(nullptr);
   EXPECT_TRUE(r.applied) << r.detail;
@@ -52,7 +69,7 @@ TEST(HeapRetention, AnOperatorsMallocTunableStands) {
   EXPECT_NE(r.detail.find("glibc.malloc.trim_threshold=1048576"), std::string::npos) << r.detail;
 }
 
-#if defined(__GLIBC__)
+#if PAGODA_GLIBC_MALLOC
 TEST(HeapRetention, OtherTunablesDoNotStopIt) {
   EXPECT_TRUE(retain_freed_heap("glibc.pthread.rseq=0").applied);
 }

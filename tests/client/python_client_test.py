@@ -3,6 +3,7 @@
 shared with the C++ client's tests) and the shard merge by LSE against a direct
 numpy computation over all keys."""
 import math
+import os
 import unittest
 
 import numpy as np
@@ -76,6 +77,15 @@ class TorchTensors(unittest.TestCase):
         back = pc.tensors.torch_from_wire(pc.encode(x, "bf16"), pc.BFLOAT16, (1, 2), like, pc.FLOAT32, pc.FLOAT16)
         self.assertEqual(back.dtype, torch.bfloat16)
         self.assertTrue(torch.equal(back.float(), x))
+
+
+class HeapRetention(unittest.TestCase):
+    @unittest.skipUnless(hasattr(os, "confstr") and "glibc" in (os.confstr("CS_GNU_LIBC_VERSION") or ""), "not glibc")
+    def test_sets_the_thresholds_on_glibc(self):
+        self.assertTrue(pc.retain_freed_heap(""))
+
+    def test_an_operators_malloc_tunable_stands(self):
+        self.assertFalse(pc.retain_freed_heap("glibc.malloc.trim_threshold=1048576"))
 
 
 class MergeByLse(unittest.TestCase):

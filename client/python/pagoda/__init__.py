@@ -713,3 +713,4 @@ from pagoda.sharded import HashRing, SequenceRef, ShardedClient, ShardedSequence
 from pagoda.layer_streams import LayerStreams  # noqa: E402,F401
 from pagoda.shared_memory import SharedMemoryRegion, ShmTensor  # noqa: E402,F401
 from pagoda.micro_batches import pipelined_layers  # noqa: E402,F401
+from pagoda.heap import retain_freed_heap  # noqa: E402,F401

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string>
 
 namespace pagoda::bench {
 namespace {
@@ -19,7 +20,23 @@ double flops_per_byte(const CacheGeometry& g) {
   return 2.0 * (g.head_dim + g.v_dim()) * g.group_size() / bytes;
 }
 
+// "1.72x", or "-" where there is nothing to compare with.
+std::string ratio_cell(double ratio, int precision) {
+  return ratio > 0 ? fmt::format("{:.{}f}x", ratio, precision) : "-";
+}
+
 }  // namespace
+
+double KernelReport::time_over_one_row(const KernelRow& r) const {
+  if (r.q_len == 1) return 0;
+  for (const KernelRow& one : rows) {
+    if (one.q_len == 1 && one.target == r.target && one.prefetch == r.prefetch && one.context == r.context &&
+        one.window == r.window && one.shared_prefix == r.shared_prefix && one.mode == r.mode) {
+      return r.kernel_s / one.kernel_s;
+    }
+  }
+  return 0;
+}
 
 double KernelReport::roofline_seconds(const KernelRow& r) const {
   const double memory = r.kv_bytes / r.baseline;
@@ -40,17 +57,18 @@ void print_table(const KernelReport& rep) {
              g.latent() ? " (latent: V is K's prefix)" : "", dtype_name(g.dtype), g.block_size, flops_per_byte(g),
              kBaselineMethod);
   if (!rep.prefetch_auto.empty()) fmt::print("prefetch auto on this CPU: {}\n\n", rep.prefetch_auto);
-  fmt::print("{:>16} {:>8} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9}\n",
+  fmt::print("{:>16} {:>8} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>7} {:>7} {:>9} {:>9}\n",
              "target", "prefetch", "context", "q_len", "window", "shared", "mode", "chunk", "kernel us", "K/V GB/s", "read GB/s",
-             "of read", "peak GF/s", "of roof", "bound", "vs naive", "vs twins");
+             "of read", "peak GF/s", "of roof", "bound", "vs q1", "vs naive", "vs twins");
   for (const KernelRow& r : rep.rows) {
     fmt::print(
-        "{:>16} {:>8} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>6} "
-        "{:>8.1f}x {:>8.2f}x\n",
+        "{:>16} {:>8} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>7} "
+        "{:>7} {:>9} {:>9}\n",
         r.target, r.prefetch.empty() ? "-" : r.prefetch, r.context, r.q_len, r.window, r.shared_prefix, r.mode,
         r.chunk_tokens, r.kernel_s * 1e6, r.bandwidth() / 1e9, r.baseline / 1e9, r.bandwidth() / r.baseline, r.compute_peak / 1e9,
-        rep.fraction_of_roofline(r), rep.bound(r), r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0,
-        r.unshared_s > 0 ? r.unshared_s / r.kernel_s : 0.0);
+        rep.fraction_of_roofline(r), rep.bound(r), ratio_cell(rep.time_over_one_row(r), 2),
+        ratio_cell(r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0, 1),
+        ratio_cell(r.unshared_s > 0 ? r.unshared_s / r.kernel_s : 0.0, 2));
   }
 }
 
@@ -68,12 +86,12 @@ void print_json(const KernelReport& rep) {
                "\"mode\": \"{}\", \"chunk_tokens\": {}, \"kernel_us\": {:.2f}, \"kv_bytes\": {:.0f}, \"flops\": {:.0f}, "
                "\"kv_gb_per_s\": {:.3f}, \"baseline_gb_per_s\": {:.3f}, \"fraction_of_baseline\": {:.4f}, "
                "\"fma_peak_gflops\": {:.2f}, \"compute_unit\": \"{}\", \"roofline_us\": {:.2f}, \"fraction_of_roofline\": {:.4f}, "
-               "\"bound\": \"{}\", \"naive_us\": {:.2f}, \"speedup_over_naive\": {:.3f}, "
+               "\"bound\": \"{}\", \"time_over_q_len_1\": {:.3f}, \"naive_us\": {:.2f}, \"speedup_over_naive\": {:.3f}, "
                "\"unshared_us\": {:.2f}, \"speedup_over_unshared\": {:.3f}}}",
                i ? ", " : "", r.target, r.prefetch, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens,
                r.kernel_s * 1e6, r.kv_bytes, r.flops, r.bandwidth() / 1e9, r.baseline / 1e9,
                r.bandwidth() / r.baseline, r.compute_peak / 1e9, r.compute, rep.roofline_seconds(r) * 1e6,
-               rep.fraction_of_roofline(r), rep.bound(r), r.naive_s * 1e6,
+               rep.fraction_of_roofline(r), rep.bound(r), rep.time_over_one_row(r), r.naive_s * 1e6,
                r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0, r.unshared_s * 1e6,
                r.unshared_s > 0 ? r.unshared_s / r.kernel_s : 0.0);
   }

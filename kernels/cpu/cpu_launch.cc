@@ -156,17 +156,39 @@ void CpuStream::merge_row(int64_t out_row, const DecodeLaunch& launch, DecodeOut
   const auto qh = static_cast<int32_t>(out_row % heads);
   const int32_t b = plan_.row_sequence()[static_cast<size_t>(row)];
   const PlanSequence& s = plan_.sequences()[static_cast<size_t>(b)];
+  // The running sum: merge_into's, except that the first state with keys is
+  // read where it lies instead of copied, until a second one merges into acc
+  // (most rows have one chunk: the same bits, one pass over the row).
   SoftmaxStats<float> st;
-  std::fill(acc, acc + d, 0.f);
-  if (plan_.constants().has_sinks) st = {plan_.sinks_log2()[static_cast<size_t>(qh)], 1.f};
+  const float* sum = nullptr;
+  if (plan_.constants().has_sinks) {
+    st = {plan_.sinks_log2()[static_cast<size_t>(qh)], 1.f};
+    std::fill(acc, acc + d, 0.f);
+    sum = acc;
+  }
   const int64_t partial_rows = plan_.partial_rows();
   for (int32_t c = s.chunks.first; c < s.chunks.end; ++c) {
     const int64_t p = plan_.partial_index(b, c, row - s.first_row, qh);
     const SoftmaxStats<float> part{stats_[static_cast<size_t>(p)], stats_[static_cast<size_t>(partial_rows + p)]};
-    merge_into(st, acc, part, accs_.data() + p * d, static_cast<int>(d));
+    const float* part_acc = accs_.data() + p * d;
+    if (part.m == neg_inf<float>()) continue;
+    if (sum == nullptr) {
+      st = part;
+      sum = part_acc;
+      continue;
+    }
+    if (sum != acc) {
+      std::copy(sum, sum + d, acc);
+      sum = acc;
+    }
+    merge_into(st, acc, part, part_acc, static_cast<int>(d));
+  }
+  if (sum == nullptr) {
+    std::fill(acc, acc + d, 0.f);
+    sum = acc;
   }
   const float inv = inverse_sum(st.l) * plan_.constants().out_scale * fp8_read_factor(g.dtype);
-  for (int64_t e = 0; e < d; ++e) acc[e] *= inv;
+  for (int64_t e = 0; e < d; ++e) acc[e] = sum[e] * inv;
   const int64_t out_row_bytes = d * static_cast<int64_t>(dtype_size(launch.q_dtype));
   convert_from_float(acc, static_cast<std::byte*>(out.out) + out_row * out_row_bytes, launch.q_dtype, d);
   if (out.lse) out.lse[out_row] = natural_lse(st.m, st.l);

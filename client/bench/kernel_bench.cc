@@ -325,11 +325,10 @@ void add_kernel_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"deterministic", "fast"}));
   sub->add_option("--target", o->targets,
-                  "CPU SIMD targets to run, in order (comma-separated): best (all the CPU has: AMX for bf16 and "
-                  "fp8 caches of GQA 8 or wider, else AVX512-BF16 for bf16 from GQA 4 and fp8 from GQA 8 (on AMD Zen 5 "
-                  "from GQA 4, e5m2 from head_dim 128)), amx (AMX for every bf16 and fp8 cache, "
-                  "failing without it), avx512bf16 (AVX512-BF16 dot products for every bf16 and fp8 cache, failing "
-                  "without them), avx3 (AVX-512 FMAs only), avx2")
+                  std::string("CPU SIMD targets to run, in order (comma-separated): best (all the CPU has: ") +
+                      cpu::kBestTargetRule +
+                      "), amx (AMX for every bf16 and fp8 cache, failing without it), avx512bf16 (AVX512-BF16 dot "
+                      "products for every bf16 and fp8 cache, failing without them), avx3 (AVX-512 FMAs only), avx2")
       ->delimiter(',')
       ->check(CLI::IsMember({"best", "amx", "avx512bf16", "avx3", "avx2"}));
   sub->add_option("--prefetch", o->prefetch,

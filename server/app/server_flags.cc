@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "pagoda/cpu_targets.h"
+
 namespace pagoda {
 namespace {
 
@@ -74,12 +76,10 @@ void add_server_flags(CLI::App& app, ServerConfig& c) {
       ->envname(env_name("--allow-shared-memory"));
   add(app, "--threads", c.threads, "CPU backend threads (0: all cores)");
   add(app, "--cpu-target", c.cpu_target,
-      "CPU kernel target: best (all this CPU has: AMX tiles for a bf16 or fp8 cache of GQA 8 or wider, else "
-      "AVX512-BF16 dot products for bf16 from GQA 4 and fp8 from GQA 8 (on AMD Zen 5 from GQA 4, e5m2 from head_dim "
-      "128); else AVX-512 or "
-      "AVX2), amx (tiles for every bf16 and fp8 cache, refusing to start without AMX), "
-      "avx512bf16 (dot products for every bf16 and fp8 cache, refusing to start without AVX512-BF16), avx3 (AVX-512 "
-      "FMAs, fp32 arithmetic throughout), avx2");
+      std::string("CPU kernel target: best (all this CPU has: ") + pagoda::cpu::kBestTargetRule +
+          "; else AVX-512 or AVX2), amx (tiles for every bf16 and fp8 cache, refusing to start without AMX), "
+          "avx512bf16 (dot products for every bf16 and fp8 cache, refusing to start without AVX512-BF16), avx3 "
+          "(AVX-512 FMAs, fp32 arithmetic throughout), avx2");
   add(app, "--cpu-prefetch", c.cpu_prefetch,
       "Where CPU kernel tasks request the K/V lines they read next: auto (the levels measured faster on this CPU "
       "family), l1 or l2 (every path); changes no bits");

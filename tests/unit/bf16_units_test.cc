@@ -237,7 +237,9 @@ TEST(Bf16DotUnit, PvOfARowHasItsBitsWhateverTheRowsBesideIt) {
         for (int e = 0; e < dv; ++e) {
           const size_t i = static_cast<size_t>(r * dv + e);
           ASSERT_EQ(std::memcmp(&some[i], &all[i], sizeof(float)), 0) << "row " << r << " element " << e;
-          if (r == 0) ASSERT_EQ(std::memcmp(&some[i], &alone[i], sizeof(float)), 0) << "element " << e;
+          if (r == 0) {
+            ASSERT_EQ(std::memcmp(&some[i], &alone[i], sizeof(float)), 0) << "element " << e;
+          }
         }
       }
     }

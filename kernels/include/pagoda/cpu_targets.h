@@ -14,9 +14,14 @@ namespace pagoda::cpu {
 // Name of the SIMD target the dispatcher runs (for logs and benches), e.g. "AVX3", "AVX2".
 const char* simd_target_name();
 
+// Which caches "best" gives a matrix unit, as the flags' help says it (the
+// rule is dot_min_group and matrix_unit_for, kernels/cpu/simd_target.cc).
+inline constexpr const char* kBestTargetRule =
+    "AMX tiles for a bf16 or fp8 cache of GQA 8 or wider, else AVX512-BF16 dot products for bf16 from GQA 4 and "
+    "fp8 from GQA 8 (on AMD Zen 5 from GQA 4, e5m2 from head_dim 128)";
+
 // Restricts dispatch to `target`: "best" (every target this CPU has, a matrix
-// unit for the bf16 and fp8 caches where it is the faster: AMX from 8 query
-// heads per KV head, else AVX512-BF16 from 4 for bf16 and 8 for fp8), "amx" (AMX for every bf16 and
+// unit for the bf16 and fp8 caches where it is the faster: kBestTargetRule), "amx" (AMX for every bf16 and
 // fp8 cache, failing where there is none), "avx512bf16" (AVX512-BF16 dot
 // products for every bf16 and fp8 cache, failing where there are none), "avx3"
 // (AVX-512, bf16 caches in fp32 FMAs) or "avx2". FAILED_PRECONDITION when the
@@ -52,7 +57,8 @@ enum class MatrixUnit : uint8_t {
 // Which unit decodes of geometry g take: a bf16 or fp8 cache (fp8 widens to
 // bf16 exactly) on the AVX3 target of a CPU that has the unit, with enough
 // query heads per KV head under "best" (AMX: 8; AVX512-BF16 where there is no
-// AMX: 4 for bf16, 8 for fp8, but 4 for e4m3 on AMD Zen 5) or any under the
+// AMX: 4 for bf16, 8 for fp8, but on AMD Zen 5 4 for e4m3, and for e5m2 from
+// head_dim 128) or any under the
 // unit's own target. A property of the geometry and the process, never of a
 // batch or of a request's q_len.
 MatrixUnit matrix_unit_for(const CacheGeometry& g);

@@ -58,15 +58,15 @@ constexpr int kRowBlock = 4;
 // from a tile).
 template <typename T>
 constexpr int kDirectRows = sizeof(T) == 2 ? (kWideTarget ? 4 : 2) * kRowBlock : kRowBlock;
-// AVX2 scores 4 rows x 3 tokens from head_dim 128: 12 accumulators (many FMAs
-// take q straight from memory), where 4 x 2 kept only the 8 chains that two FMA
-// ports of latency 4 need, with no slack (AMD Zen 5, 2 threads, fp16 GQA 4,
-// 8 x 4096 tokens: 0.86-0.89x the time with one query row, 0.81x with four;
-// head_dim 256 0.94x, bf16 and e4m3 level). At
-// head_dim 64 a 16-row run takes 6 steps of 3 where it took 8 of 2, and the
-// wasted tokens cost more than the chains gain (1.04x): it keeps 2.
-constexpr int score_tokens(int rows, int d) {
-  if (!kWideTarget && rows == 4 && d >= 128) return 3;
+// AVX2 scores 4 rows x 3 tokens: 12 accumulators (many FMAs take q straight
+// from memory), where 4 x 2 kept only the 8 chains that two FMA ports of
+// latency 4 need, with no slack (AMD Zen 5, 2 threads, fp16 GQA 4, 8 x 4096
+// tokens: 0.86-0.89x the time with one query row, 0.81x with four; head_dim
+// 256 0.94x, bf16 and e4m3 level). A run's last 4 tokens go as two steps of 2
+// (score_rows), so a 16-token block wastes none: head_dim 64 0.87-0.89x the
+// time of steps of 2 alone, where steps of 3 with a wasteful tail were 1.04x.
+constexpr int score_tokens(int rows) {
+  if (!kWideTarget && rows == 4) return 3;
   return kAccumulators / rows < 4 ? kAccumulators / rows : 4;
 }
 constexpr int pv_vectors(int rows) { return kAccumulators / rows; }
@@ -241,7 +241,7 @@ HWY_INLINE void store_scores(VF (&acc)[kRows][kTokens], float* const* HWY_RESTRI
 }
 
 // out[r][t] = q[r] . k[t] for kRows rows and the n key rows k[0 .. n) (of T:
-// rows of the cache read in place, or of a converted tile), score_tokens(kRows, kD)
+// rows of the cache read in place, or of a converted tile), score_tokens(kRows)
 // tokens per step: each loaded K vector feeds kRows FMAs, each loaded q vector
 // one per token of the step, and one horizontal tree per four scores remains.
 // kLinesPerToken > 0: that many cache lines per token are requested as it goes.
@@ -275,14 +275,27 @@ HWY_INLINE void score_step(const float* HWY_RESTRICT const* qr, const T* HWY_RES
 template <typename T, int kD, int kRows, int64_t kLinesPerToken, class Rows>
 HWY_NOINLINE void score_rows(const float* const* HWY_RESTRICT q, Rows k, int64_t n, float* const* HWY_RESTRICT out,
                              LinePrefetch& prefetch) {
-  constexpr int kTok = score_tokens(kRows, kD);
+  constexpr int kTok = score_tokens(kRows);
   const float* HWY_RESTRICT qr[kRows];
   for (int r = 0; r < kRows; ++r) qr[r] = q[r];
   const T* HWY_RESTRICT kt[kTok];
   int64_t t = 0;
-  for (; t + kTok <= n; t += kTok) {
-    for (int j = 0; j < kTok; ++j) kt[j] = k[t + j];
-    score_step<T, kD, kRows, kTok, kLinesPerToken>(qr, kt, out, t, kTok, prefetch);
+  if constexpr (kTok == 3) {
+    // Steps of 3 leave 4 tokens as two steps of 2, and 2 as one: a block's 16
+    // tokens take 3+3+3+3+2+2, where a tail step of 3 scored two dropped copies.
+    for (; n - t >= 5 || n - t == 3; t += 3) {
+      for (int j = 0; j < 3; ++j) kt[j] = k[t + j];
+      score_step<T, kD, kRows, 3, kLinesPerToken>(qr, kt, out, t, 3, prefetch);
+    }
+    for (; t + 2 <= n; t += 2) {
+      const T* HWY_RESTRICT pair[2] = {k[t], k[t + 1]};
+      score_step<T, kD, kRows, 2, kLinesPerToken>(qr, pair, out, t, 2, prefetch);
+    }
+  } else {
+    for (; t + kTok <= n; t += kTok) {
+      for (int j = 0; j < kTok; ++j) kt[j] = k[t + j];
+      score_step<T, kD, kRows, kTok, kLinesPerToken>(qr, kt, out, t, kTok, prefetch);
+    }
   }
   if (t < n) {
     // A tail shorter than a step repeats the last token; its scores are dropped.

@@ -3,6 +3,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <type_traits>
@@ -227,6 +228,73 @@ PAGODA_BF16_TARGET void accumulate_all(const uint16_t* pa, const uint16_t* vb, i
   if (rows - r == 1) accumulate_rows<1, kVecs>(pa + r * kPvKeys, vb, dv, acc + r * acc_stride, acc_stride, first);
 }
 
+// The bf16 zeros that stand for a missing V row.
+alignas(64) constexpr uint16_t kZeroRow[576] = {};
+
+// kRows rows of P.V over kChunks chunks of 32 elements at a time, V from its
+// rows: per pair of keys and chunk, two loads and two interleaves give the
+// two packed vectors (the low and high halves of the chunk in lane order),
+// each used by the kRows rows against their broadcast weights: 2 kRows
+// kChunks accumulators.
+template <int kRows, int kChunks>
+PAGODA_BF16_TARGET inline void accumulate_in_place_rows(const uint16_t* pa, const uint16_t* const* v, int32_t dv,
+                                                        float* acc, int64_t acc_stride, bool first, Spread& spread) {
+  for (int32_t c0 = 0; c0 < dv / 32; c0 += kChunks) {
+    __m512 lo[kRows][kChunks];
+    __m512 hi[kRows][kChunks];
+    for (int r = 0; r < kRows; ++r) {
+      for (int c = 0; c < kChunks; ++c) {
+        const float* a = acc + r * acc_stride + 32 * (c0 + c);
+        lo[r][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(a);
+        hi[r][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(a + 16);
+      }
+    }
+    for (int k = 0; k < kPvKeys / 2; ++k) {
+      __m512bh vlo[kChunks];
+      __m512bh vhi[kChunks];
+      for (int c = 0; c < kChunks; ++c) {
+        const __m512i x0 = _mm512_loadu_si512(v[2 * k] + 32 * (c0 + c));
+        const __m512i x1 = _mm512_loadu_si512(v[2 * k + 1] + 32 * (c0 + c));
+        vlo[c] = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(x0, x1));
+        vhi[c] = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(x0, x1));
+      }
+      for (int r = 0; r < kRows; ++r) {
+        const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_at(pa + r * kPvKeys + 2 * k)));
+        for (int c = 0; c < kChunks; ++c) {
+          lo[r][c] = _mm512_dpbf16_ps(lo[r][c], vlo[c], w);
+          hi[r][c] = _mm512_dpbf16_ps(hi[r][c], vhi[c], w);
+        }
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      for (int c = 0; c < kChunks; ++c) {
+        float* a = acc + r * acc_stride + 32 * (c0 + c);
+        _mm512_storeu_ps(a, lo[r][c]);
+        _mm512_storeu_ps(a + 16, hi[r][c]);
+      }
+    }
+    // Between steps, not inside: a request that calls out would spill the
+    // accumulators.
+    spread.tick();
+  }
+}
+
+// Up to 4 rows: as many chunks at a time as keep 8 to 16 accumulators (two
+// FMA ports of latency 6 need 12) where the chunks divide dv / 32.
+// `requests` are spread over the steps of chunks.
+template <int kRows>
+PAGODA_BF16_TARGET inline void accumulate_in_place_block(const uint16_t* pa, const uint16_t* const* v, int32_t dv,
+                                                         float* acc, int64_t acc_stride, bool first,
+                                                         Requests requests) {
+  constexpr int kWide = kRows <= 2 ? 4 : 2;
+  if ((dv / 32) % kWide == 0) {
+    Spread spread(requests, dv / 32 / kWide);
+    return accumulate_in_place_rows<kRows, kWide>(pa, v, dv, acc, acc_stride, first, spread);
+  }
+  Spread spread(requests, dv / 32);
+  accumulate_in_place_rows<kRows, 1>(pa, v, dv, acc, acc_stride, first, spread);
+}
+
 }  // namespace
 
 bool available() {
@@ -287,6 +355,34 @@ PAGODA_BF16_TARGET void accumulate(const uint16_t* pa, const uint16_t* vb, int32
     accumulate_all<8>(pa, vb, dv, acc, acc_stride, rows, first);
   } else {
     accumulate_all<4>(pa, vb, dv, acc, acc_stride, rows, first);
+  }
+}
+
+PAGODA_BF16_TARGET void accumulate_in_place(const uint16_t* pa, const uint16_t* const* v, int32_t dv, float* acc,
+                                            int64_t acc_stride, int32_t rows, bool first, Requests requests) {
+  const uint16_t* rows_of_v[kPvKeys];
+  for (int j = 0; j < kPvKeys; ++j) rows_of_v[j] = v[j] != nullptr ? v[j] : kZeroRow;
+  switch (rows) {
+    case 1: return accumulate_in_place_block<1>(pa, rows_of_v, dv, acc, acc_stride, first, requests);
+    case 2: return accumulate_in_place_block<2>(pa, rows_of_v, dv, acc, acc_stride, first, requests);
+    case 3: return accumulate_in_place_block<3>(pa, rows_of_v, dv, acc, acc_stride, first, requests);
+    default: return accumulate_in_place_block<4>(pa, rows_of_v, dv, acc, acc_stride, first, requests);
+  }
+}
+
+PAGODA_BF16_TARGET void lanes_to_elements(float* acc, int64_t acc_stride, int32_t rows, int32_t dv) {
+  // 128-bit blocks: (lo0, hi0, lo1, hi1) and (lo2, hi2, lo3, hi3), as float indices
+  // (16 + i: lane i of the second operand).
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int32_t r = 0; r < rows; ++r) {
+    float* a = acc + r * acc_stride;
+    for (int32_t c = 0; c < dv; c += 32) {
+      const __m512 lo = _mm512_loadu_ps(a + c);
+      const __m512 hi = _mm512_loadu_ps(a + c + 16);
+      _mm512_storeu_ps(a + c, _mm512_permutex2var_ps(lo, first, hi));
+      _mm512_storeu_ps(a + c + 16, _mm512_permutex2var_ps(lo, second, hi));
+    }
   }
 }
 

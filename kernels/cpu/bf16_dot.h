@@ -52,6 +52,25 @@ void scores_packed(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t g
 void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride, int32_t rows,
                 bool first = false);
 
+// The same sums for up to kInPlaceRows rows from V rows where they lie (v[j]:
+// row j of the 32 keys, dv bf16 values; null: a zero row), without
+// bf16::pack_v: each pair of rows is interleaved in registers as it is used,
+// and acc comes out in lane order: elements 32c .. 32c + 31 of a row sit at
+// acc + 32c as lanes_to_elements describes. The bits of every element are
+// accumulate's. Up to 4 rows (a GQA-4 group with one query row) it beats
+// packing V, which costs more than the few rows' multiplies: AMD Zen 5, one
+// thread, bf16, cache-resident, 0.94x the time; 8 rows were level and 16
+// 1.06x slower (each V vector then feeds enough rows to pay for its packing).
+inline constexpr int32_t kInPlaceRows = 4;
+void accumulate_in_place(const uint16_t* pa, const uint16_t* const* v, int32_t dv, float* acc, int64_t acc_stride,
+                         int32_t rows, bool first, Requests requests = {});
+
+// Rows of accumulate_in_place's lane order put in element order, in place.
+// In lane order, 32 elements c .. c + 31 are two vectors, the low and high
+// halves of interleaving two rows' words inside 128-bit lanes: lane i of the
+// first holds element c + 8 (i / 4) + i % 4, of the second c + 8 (i / 4) + 4 + i % 4.
+void lanes_to_elements(float* acc, int64_t acc_stride, int32_t rows, int32_t dv);
+
 // VDPBF16PS throughput of one thread, FLOP/s (2 per multiply-add), from a loop
 // of independent 512-bit chains: the compute roof of the bf16 rows on this unit.
 double peak_one_thread();

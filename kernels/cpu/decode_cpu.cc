@@ -457,7 +457,19 @@ HWY_INLINE SoftmaxStats<float> softmax_row(float* HWY_RESTRICT s, int64_t first,
   if (st.m == neg_inf<float>()) return {};
   const VF vm = hn::Set(df, st.m);
   VF vsum = hn::Zero(df);
-  for (int64_t i = lo; i < hi; i += kLanes) {
+  int64_t i = lo;
+  // Four exponentials side by side: each is a chain of dependent FMAs, and
+  // one at a time left the FMA ports waiting on latency. The sum still adds
+  // them in order (the same bits).
+  for (; i + 4 * kLanes <= hi; i += 4 * kLanes) {
+    VF p[4];
+    for (int j = 0; j < 4; ++j) p[j] = exp2_nonpositive(hn::Sub(hn::Load(df, s + i + j * kLanes), vm));
+    for (int j = 0; j < 4; ++j) {
+      hn::Store(p[j], df, s + i + j * kLanes);
+      vsum = hn::Add(vsum, p[j]);
+    }
+  }
+  for (; i < hi; i += kLanes) {
     const VF p = exp2_nonpositive(hn::Sub(hn::Load(df, s + i), vm));
     hn::Store(p, df, s + i);
     vsum = hn::Add(vsum, p);
@@ -814,6 +826,7 @@ HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_
 struct AmxUnit {
   using Scope = amx::TileScope;
   static constexpr bool kPackedKeys = false;  // its tiles read keys as rows
+  static constexpr bool kVInPlace = false;    // its tiles read packed V
   static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.amx; }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
@@ -827,6 +840,7 @@ struct AmxUnit {
 struct DotUnit {
   struct Scope {};  // no per-thread state
   static constexpr bool kPackedKeys = true;  // scores_packed below
+  static constexpr bool kVInPlace = true;    // accumulate_in_place below
   static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.bf16_dot; }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
@@ -839,6 +853,10 @@ struct DotUnit {
   static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride,
                          int32_t rows, bool first) {
     bf16dot::accumulate(pa, vb, dv, acc, acc_stride, rows, first);
+  }
+  static void accumulate_in_place(const uint16_t* pa, const uint16_t* const* v, int32_t dv, float* acc,
+                                  int64_t acc_stride, int32_t rows, bool first, bf16::Requests requests) {
+    bf16dot::accumulate_in_place(pa, v, dv, acc, acc_stride, rows, first, requests);
   }
 };
 
@@ -893,6 +911,11 @@ void partial_bf16_unit(const PartialTask& t) {
   const uint16_t* v_rows[kPvKeys];
   const uint8_t* v_codes[kPvKeys];  // fp8 V rows where the byte tables widen them
   const bool v_from_codes = !kBf16 && t.fp8_tables;
+  // bf16 V for few rows on the dot products is read where it lies, interleaved
+  // in registers (bf16dot::accumulate_in_place): no packed copy, and the sums
+  // come out in lane order, put back in element order once per sub-block.
+  constexpr bool kVInPlaceUnit = Unit::kVInPlace && kBf16;
+  const bool v_in_place = kVInPlaceUnit && rows <= bf16dot::kInPlaceRows;
   const float* p_rows[kTileRows];
   int32_t p_begin[kTileRows];
   int32_t p_end[kTileRows];
@@ -970,6 +993,21 @@ void partial_bf16_unit(const PartialTask& t) {
       key_begin[r] = has_keys ? static_cast<int32_t>(keys.begin - base) : 0;
       key_end[r] = has_keys ? static_cast<int32_t>(keys.end - base) : 0;
     }
+    // Block b's weights over the group at g0 into pa; false where all are zero
+    // (the sums would not change).
+    const auto pack_weights = [&](int32_t b, int32_t live, int64_t g0) {
+      bool any = false;
+      for (int32_t i = 0; i < live; ++i) {
+        const int32_t r = b * kTileRows + i;
+        const int32_t at = static_cast<int32_t>(g0);
+        p_begin[i] = std::clamp(key_begin[r] - at, 0, kPvKeys);
+        p_end[i] = std::clamp(key_end[r] - at, 0, kPvKeys);
+        p_rows[i] = scores + static_cast<int64_t>(r) * kSubBlockTokens + g0;
+        any = any || p_begin[i] < p_end[i];
+      }
+      if (any) bf16::pack_p(p_rows, p_begin, p_end, live, pa);
+      return any;
+    };
     for (int64_t g0 = (span.begin - base) / kPvKeys * kPvKeys; base + g0 < span.end; g0 += kPvKeys) {
       const int64_t lo = std::max(span.begin, base + g0);
       const int64_t hi = std::min(span.end, base + g0 + kPvKeys);
@@ -994,6 +1032,16 @@ void partial_bf16_unit(const PartialTask& t) {
       }
       prefetch.consumed((hi - lo) * kLinesPerRow);
       const bf16::Requests v_requests{&prefetch, (hi - lo) * kLinesPerRow};
+      if constexpr (kVInPlaceUnit) {
+        if (v_in_place) {  // one block
+          if (pack_weights(0, rows, g0)) {
+            Unit::accumulate_in_place(pa, v_rows, kDv, sub_acc, kDv, rows, !started[0], v_requests);
+            started[0] = true;
+          }
+          prefetch.catch_up();
+          continue;
+        }
+      }
       if (v_from_codes) {
         fp8tab::pack_v(kFp8Format<T>, v_codes, kDv, vb, v_requests);  // widened and interleaved in one pass
       } else {
@@ -1001,22 +1049,13 @@ void partial_bf16_unit(const PartialTask& t) {
       }
       for (int32_t b = 0; b < blocks; ++b) {
         const int32_t live = std::min(kTileRows, rows - b * kTileRows);
-        bool any = false;
-        for (int32_t i = 0; i < live; ++i) {
-          const int32_t r = b * kTileRows + i;
-          const int32_t at = static_cast<int32_t>(g0);
-          p_begin[i] = std::clamp(key_begin[r] - at, 0, kPvKeys);
-          p_end[i] = std::clamp(key_end[r] - at, 0, kPvKeys);
-          p_rows[i] = scores + static_cast<int64_t>(r) * kSubBlockTokens + g0;
-          any = any || p_begin[i] < p_end[i];
-        }
-        if (!any) continue;  // all weights zero: the sums would not change
-        bf16::pack_p(p_rows, p_begin, p_end, live, pa);
+        if (!pack_weights(b, live, g0)) continue;
         Unit::accumulate(pa, vb, kDv, sub_acc + static_cast<int64_t>(b) * kTileRows * kDv, kDv, live, !started[b]);
         started[b] = true;
       }
       prefetch.catch_up();
     }
+    if (v_in_place && started[0]) bf16dot::lanes_to_elements(sub_acc, kDv, rows, kDv);
     merge_sub_block(t, stats, sub_acc, kDv);
   }
 }

@@ -246,6 +246,63 @@ TEST(Bf16DotUnit, PvOfARowHasItsBitsWhateverTheRowsBesideIt) {
   }
 }
 
+// Up to 4 rows P.V may read V where it lies (accumulate_in_place): put back in
+// element order, its sums have the bits of packed V's, from zero or from a
+// running sum, with absent rows and partial ranges.
+TEST(Bf16DotUnit, PvFromVInPlaceHasTheBitsOfPackedV) {
+  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
+  std::mt19937 rng(53);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const int32_t dv : {64, 128, 512}) {
+    std::vector<uint16_t> v(static_cast<size_t>(kPvKeys) * dv);
+    for (uint16_t& x : v) x = float_to_bf16(normal(rng));
+    const uint16_t* v_rows[kPvKeys];
+    for (int j = 0; j < kPvKeys; ++j) v_rows[j] = (j == 0 || j == 19) ? nullptr : v.data() + j * dv;
+    std::vector<uint16_t> vb(static_cast<size_t>(kPvKeys) * dv);
+    cpu::bf16::pack_v(v_rows, dv, vb.data());
+    std::vector<float> p(static_cast<size_t>(kTileRows) * kPvKeys);
+    for (float& x : p) x = std::abs(normal(rng));
+    const float* p_rows[kTileRows];
+    int32_t begin[kTileRows], end[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) {
+      p_rows[r] = p.data() + r * kPvKeys;
+      begin[r] = 3 * r;
+      end[r] = kPvKeys - r;
+    }
+    std::vector<float> start(static_cast<size_t>(cpu::bf16dot::kInPlaceRows) * dv);
+    for (float& x : start) x = normal(rng);
+    for (int32_t rows = 1; rows <= cpu::bf16dot::kInPlaceRows; ++rows) {
+      for (const bool first : {true, false}) {
+        SCOPED_TRACE("dv " + std::to_string(dv) + ", rows " + std::to_string(rows) + (first ? ", first" : ""));
+        alignas(64) uint16_t pa[kTileRows * kPvKeys];
+        cpu::bf16::pack_p(p_rows, begin, end, rows, pa);
+        std::vector<float> packed = start;
+        cpu::bf16dot::accumulate(pa, vb.data(), dv, packed.data(), dv, rows, first);
+        // The running sum in lane order, as the in-place form keeps it.
+        std::vector<float> in_place = start;
+        // Lane positions in element order: position[e] holds element e.
+        std::vector<float> position(static_cast<size_t>(dv));
+        for (int i = 0; i < dv; ++i) position[static_cast<size_t>(i)] = static_cast<float>(i);
+        cpu::bf16dot::lanes_to_elements(position.data(), dv, 1, dv);
+        for (int r = 0; r < rows; ++r) {
+          for (int e = 0; e < dv; ++e) {
+            const auto at = static_cast<size_t>(position[static_cast<size_t>(e)]);
+            in_place[static_cast<size_t>(r * dv) + at] = start[static_cast<size_t>(r * dv + e)];
+          }
+        }
+        cpu::bf16dot::accumulate_in_place(pa, v_rows, dv, in_place.data(), dv, rows, first);
+        cpu::bf16dot::lanes_to_elements(in_place.data(), dv, rows, dv);
+        for (int r = 0; r < rows; ++r) {
+          for (int e = 0; e < dv; ++e) {
+            const size_t i = static_cast<size_t>(r * dv + e);
+            ASSERT_EQ(std::memcmp(&in_place[i], &packed[i], sizeof(float)), 0) << "row " << r << " element " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Up to 8 rows the scores put keys in the lanes too (a quad of rows per key);
 // 9 to 16 put only rows there. A row's score is the same chain either way:
 // the same bits with 1 to 8 rows as in a block of 16, for both groups, the

@@ -914,8 +914,11 @@ void partial_bf16_unit(const PartialTask& t) {
   // bf16 V for few rows on the dot products is read where it lies, interleaved
   // in registers (bf16dot::accumulate_in_place): no packed copy, and the sums
   // come out in lane order, put back in element order once per sub-block.
+  // fp8 V codes likewise, widened in registers as they are used
+  // (fp8tab::accumulate_in_place), in element order.
   constexpr bool kVInPlaceUnit = Unit::kVInPlace && kBf16;
   const bool v_in_place = kVInPlaceUnit && rows <= bf16dot::kInPlaceRows;
+  const bool codes_in_place = Unit::kVInPlace && v_from_codes && rows <= bf16dot::kInPlaceRows;
   const float* p_rows[kTileRows];
   int32_t p_begin[kTileRows];
   int32_t p_end[kTileRows];
@@ -1032,6 +1035,14 @@ void partial_bf16_unit(const PartialTask& t) {
       }
       prefetch.consumed((hi - lo) * kLinesPerRow);
       const bf16::Requests v_requests{&prefetch, (hi - lo) * kLinesPerRow};
+      if (codes_in_place) {  // one block
+        if (pack_weights(0, rows, g0)) {
+          fp8tab::accumulate_in_place(kFp8Format<T>, pa, v_codes, kDv, sub_acc, kDv, rows, !started[0], v_requests);
+          started[0] = true;
+        }
+        prefetch.catch_up();
+        continue;
+      }
       if constexpr (kVInPlaceUnit) {
         if (v_in_place) {  // one block
           if (pack_weights(0, rows, g0)) {

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <bit>
+#include <cstring>
 
 #include "cpu/bf16_blocks_inl.h"
 
@@ -252,6 +253,65 @@ PAGODA_VBMI_TARGET void pack_v(DType format, const uint8_t* const* v, int32_t dv
       }
     }
     spread.tick();
+  }
+}
+
+namespace {
+
+#define PAGODA_VBMI_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bf16,f16c")))
+
+// kRows rows over the 64 elements of chunk c: per pair of keys, their codes
+// widened into the four packed vectors of the chunk's stretches (pack_v's, in
+// element order) and each used by the rows against their broadcast weights.
+template <int kRows>
+PAGODA_VBMI_BF16_TARGET inline void accumulate_rows_from_codes(const Lookup& t, const __m512i (&order)[2],
+                                                               const uint16_t* pa, const uint8_t* const* v,
+                                                               int32_t dv, float* acc, int64_t acc_stride,
+                                                               bool first, bf16::Spread& spread) {
+  for (int32_t c = 0; c < dv / 64; ++c) {
+    __m512 a[kRows][4];
+    for (int r = 0; r < kRows; ++r) {
+      for (int s = 0; s < 4; ++s) {
+        a[r][s] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * acc_stride + 64 * c + 16 * s);
+      }
+    }
+    for (int k = 0; k < bf16::kPvKeys / 2; ++k) {
+      const __m512i x0 = _mm512_loadu_si512(v[2 * k] + 64 * c);
+      const __m512i x1 = _mm512_loadu_si512(v[2 * k + 1] + 64 * c);
+      __m512i w[4];
+      widen_arranged(_mm512_permutex2var_epi8(x0, order[0], x1), t, w[0], w[1]);
+      widen_arranged(_mm512_permutex2var_epi8(x0, order[1], x1), t, w[2], w[3]);
+      for (int r = 0; r < kRows; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, pa + r * bf16::kPvKeys + 2 * k, sizeof(pair));
+        const __m512bh p = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+        for (int s = 0; s < 4; ++s) a[r][s] = _mm512_dpbf16_ps(a[r][s], reinterpret_cast<__m512bh>(w[s]), p);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      for (int s = 0; s < 4; ++s) _mm512_storeu_ps(acc + r * acc_stride + 64 * c + 16 * s, a[r][s]);
+    }
+    spread.tick();  // between chunks: a request that calls out would spill the sums
+  }
+}
+
+alignas(64) constexpr uint8_t kZeroCodes[512] = {};  // code 0 is +0 in both formats
+
+}  // namespace
+
+PAGODA_VBMI_BF16_TARGET void accumulate_in_place(DType format, const uint16_t* pa, const uint8_t* const* v,
+                                                 int32_t dv, float* acc, int64_t acc_stride, int32_t rows,
+                                                 bool first, bf16::Requests requests) {
+  const Lookup t = load_lookup(tables_for(format));
+  const __m512i order[2] = {_mm512_load_si512(orders().pairs[0]), _mm512_load_si512(orders().pairs[1])};
+  const uint8_t* codes[bf16::kPvKeys];
+  for (int j = 0; j < bf16::kPvKeys; ++j) codes[j] = v[j] != nullptr ? v[j] : kZeroCodes;
+  bf16::Spread spread(requests, dv / 64);
+  switch (rows) {
+    case 1: return accumulate_rows_from_codes<1>(t, order, pa, codes, dv, acc, acc_stride, first, spread);
+    case 2: return accumulate_rows_from_codes<2>(t, order, pa, codes, dv, acc, acc_stride, first, spread);
+    case 3: return accumulate_rows_from_codes<3>(t, order, pa, codes, dv, acc, acc_stride, first, spread);
+    default: return accumulate_rows_from_codes<4>(t, order, pa, codes, dv, acc, acc_stride, first, spread);
   }
 }
 

@@ -52,4 +52,14 @@ void pack_k(DType format, const uint8_t* k, int64_t stride, int32_t n, int32_t d
 // the values rows_to_bf16 gives. dv is a multiple of 64. Requires available().
 void pack_v(DType format, const uint8_t* const* v, int32_t dv, uint16_t* vb, bf16::Requests requests = {});
 
+// P.V of up to 4 rows straight from V's codes, on the AVX512-BF16 dot
+// products: acc[r * acc_stride + e] += sum over j of pa[r][j] * v[j][e] (=
+// with `first`), the bits of pack_v then bf16dot::accumulate, in element
+// order. Each pair of rows is widened into pack_v's vectors in registers and
+// used at once, so the widening's shuffles and the multiplies interleave
+// instead of running one after the other. dv is a multiple of 64. Requires
+// available() and AVX512-BF16.
+void accumulate_in_place(DType format, const uint16_t* pa, const uint8_t* const* v, int32_t dv, float* acc,
+                         int64_t acc_stride, int32_t rows, bool first, bf16::Requests requests = {});
+
 }  // namespace pagoda::cpu::fp8tab

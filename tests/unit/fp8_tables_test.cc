@@ -131,6 +131,53 @@ TEST_F(Fp8Tables, VPacksFromCodesToTheWidenedValuesInPairsOfKeys) {
   }
 }
 
+// P.V of up to 4 rows widening V's codes in registers: the bits of V packed
+// from the codes then multiplied (whose values the test above checks), from
+// zero and from a running sum, null rows zero, rows 576 bytes apart, every
+// code somewhere (NaN codes make NaN sums in both alike).
+TEST_F(Fp8Tables, PvFromCodesInPlaceHasTheBitsOfPackedV) {
+  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << "this CPU offers no AVX512-BF16 (lscpu flag avx512_bf16)";
+  constexpr int64_t kStride = 576;
+  constexpr int kKeys = cpu::bf16::kPvKeys;
+  constexpr int kRows = cpu::bf16dot::kInPlaceRows;
+  std::mt19937 rng(29);
+  std::vector<uint8_t> in(static_cast<size_t>(kKeys * kStride));
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>((i * 97 + rng() % 3) & 0xFF);
+  const uint8_t* rows[kKeys];
+  for (int j = 0; j < kKeys; ++j) rows[j] = j % 5 == 2 ? nullptr : in.data() + j * kStride;
+  std::uniform_real_distribution<float> weight(0.f, 1.f);
+  std::vector<float> p(static_cast<size_t>(cpu::bf16::kTileRows) * kKeys);
+  for (float& x : p) x = weight(rng);
+  const float* p_rows[cpu::bf16::kTileRows];
+  int32_t begin[cpu::bf16::kTileRows], end[cpu::bf16::kTileRows];
+  for (int r = 0; r < cpu::bf16::kTileRows; ++r) {
+    p_rows[r] = p.data() + r * kKeys;
+    begin[r] = 5 * r;
+    end[r] = kKeys - 2 * r;
+  }
+  for (const DType format : kFormats) {
+    for (const int32_t dv : {64, 128, 512}) {
+      std::vector<uint16_t> vb(static_cast<size_t>(kKeys) * dv);
+      cpu::fp8tab::pack_v(format, rows, dv, vb.data());
+      std::vector<float> start(static_cast<size_t>(kRows) * dv);
+      for (float& x : start) x = weight(rng) - 0.5f;
+      for (int32_t n = 1; n <= kRows; ++n) {
+        for (const bool first : {true, false}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(format) << " dv " << dv << ", rows " << n
+                                            << (first ? ", first" : ""));
+          alignas(64) uint16_t pa[cpu::bf16::kTileRows * kKeys];
+          cpu::bf16::pack_p(p_rows, begin, end, n, pa);
+          std::vector<float> packed = start;
+          cpu::bf16dot::accumulate(pa, vb.data(), dv, packed.data(), dv, n, first);
+          std::vector<float> in_place = start;
+          cpu::fp8tab::accumulate_in_place(format, pa, rows, dv, in_place.data(), dv, n, first);
+          ASSERT_EQ(std::memcmp(in_place.data(), packed.data(), static_cast<size_t>(n * dv) * sizeof(float)), 0);
+        }
+      }
+    }
+  }
+}
+
 // K packed pair by pair from codes: each word is its code's widened bf16 at
 // pack_k's place, rows past n zero; the scores read from it have the bits of
 // the scores read from the same keys widened as rows (whose error the unit

@@ -493,12 +493,16 @@ HWY_INLINE SoftmaxStats<float> softmax_row(float* HWY_RESTRICT s, int64_t first,
 // kPvBurstTokens tokens, the score loop's pace (one burst per 16 tokens
 // measured 4-9% slower where the reads are the limit: AMD Zen 5, 2 threads,
 // fp16 8 x 4096 tokens, head_dim 64); a call of one run or tile takes each step
-// over all of it, with one burst at its start.
+// over all of it, with one burst at its start. With `first` the sums start
+// from zero (acc is written, not read): a row's first call of a sub-block, so
+// that no fill of the accumulators precedes it (AMD Zen 5, AVX2, fp16 GQA 8:
+// the fill was 2% of a profile; paired runs level within their noise).
 constexpr int64_t kPvChunkTokens = 64;
 constexpr int64_t kPvBurstTokens = 4;
 template <typename T, int kD, int kRows, class Rows>
 HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, Rows v, int64_t a, int64_t b,
-                                  float* const* HWY_RESTRICT acc, LinePrefetch& prefetch, int64_t lines) {
+                                  float* const* HWY_RESTRICT acc, LinePrefetch& prefetch, int64_t lines,
+                                  bool first) {
   const DF df;
   constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
   constexpr int64_t kVecs = kD / kLanes;
@@ -514,8 +518,10 @@ HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, Rows v, in
     const int64_t t1 = std::min(b, t0 + kChunk);
     for (int64_t v0 = 0; v0 < kVecs; v0 += kStep) {
       VF sum[kRows][kStep];
-      for (int r = 0; r < kRows; ++r)
-        for (int64_t c = 0; c < kStep; ++c) sum[r][c] = hn::Load(df, acc[r] + (v0 + c) * kLanes);
+      const bool zero = first && t0 == a;
+      for (int r = 0; r < kRows; ++r) {
+        for (int64_t c = 0; c < kStep; ++c) sum[r][c] = zero ? hn::Zero(df) : hn::Load(df, acc[r] + (v0 + c) * kLanes);
+      }
       for (int64_t s0 = t0; s0 < t1; s0 += kBurst) {
         const int64_t s1 = std::min(t1, s0 + kBurst);
         // Each step reads kStep / kVecs of every row: that share of its lines.
@@ -558,11 +564,10 @@ HWY_INLINE void reset_states(const PartialTask& t, int64_t dv, bool zero_acc = t
 }
 
 // Each position's keys in sub-block sb, and its rows' weights in place of
-// their scores (rows kSubBlockTokens apart); the sub-block accumulator of
-// every row with a key is zeroed for P.V (unless sub_acc is null: the tiles
-// start from zero themselves).
+// their scores (rows kSubBlockTokens apart). P.V then starts every row's sums
+// from zero itself.
 HWY_INLINE void softmax_sub_block(const PartialTask& t, const ReadPlan& plan, int64_t sb, float* scores,
-                                  float* sub_acc, int64_t dv, SoftmaxStats<float>* stats) {
+                                  SoftmaxStats<float>* stats) {
   const int64_t base = t.chunk_begin + sb * kSubBlockTokens;
   for (int32_t p = 0; p < t.positions; ++p) {
     const ReadPlan::Span keys = plan.keys_of(p, sb);
@@ -570,9 +575,6 @@ HWY_INLINE void softmax_sub_block(const PartialTask& t, const ReadPlan& plan, in
       const int32_t r = p * t.heads + h;
       stats[r] = softmax_row(scores + static_cast<int64_t>(r) * kSubBlockTokens, keys.begin - base, keys.end - base,
                              t.soft_cap);
-      if (sub_acc != nullptr && stats[r].m != neg_inf<float>()) {
-        std::fill(sub_acc + r * dv, sub_acc + (r + 1) * dv, 0.f);
-      }
     }
   }
 }
@@ -758,8 +760,11 @@ void partial_impl(const PartialTask& t) {
       prefetch.catch_up();
       pos += n;
     }
-    softmax_sub_block(t, plan, sb, scores, sub_acc, kDv, stats);
+    softmax_sub_block(t, plan, sb, scores, stats);
     // Pass 2: P.V, each position over its own keys, in the same stretches.
+    // A position's first stretch with keys writes its rows' sums from zero
+    // (no fill of the sub-block's accumulators beforehand).
+    bool started[kMaxTaskRows] = {};
     for (int64_t pos = span.begin; pos < span.end;) {
       // V's rows hold head_dim elements, of which the first kDv are read.
       int64_t n = direct_v ? in_place_stretch<T, kD>(v_src, pos, span.end, row_ptr, &first_row) : 0;
@@ -783,13 +788,15 @@ void partial_impl(const PartialTask& t) {
             acc_rows[j] = sub_acc + static_cast<int64_t>(r) * kDv;
           }
           if (in_place) {
-            accumulate_rows<InPlace<T>, kDv, kRows>(p_rows, in_place_rows(), a, b, acc_rows, prefetch, step_lines);
+            accumulate_rows<InPlace<T>, kDv, kRows>(p_rows, in_place_rows(), a, b, acc_rows, prefetch, step_lines,
+                                                    !started[p]);
           } else {
             accumulate_rows<float, kDv, kRows>(p_rows, RunRows<float>{tile, kDv}, a, b, acc_rows, prefetch,
-                                               step_lines);
+                                               step_lines, !started[p]);
           }
           step_lines = 0;
         });
+        started[p] = true;
       }
       prefetch.catch_up();
       pos += n;
@@ -981,7 +988,7 @@ void partial_bf16_unit(const PartialTask& t) {
       prefetch.catch_up();
       pos = at;
     }
-    softmax_sub_block(t, plan, sb, scores, nullptr, kDv, stats);
+    softmax_sub_block(t, plan, sb, scores, stats);
 
     // Pass 2: P.V, 32 keys at a time, V interleaved once for every row block.
     // A block's first group with a weight writes its tiles from zero; a row

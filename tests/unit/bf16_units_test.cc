@@ -196,6 +196,43 @@ TEST(Bf16DotUnit, FirstWritesTheSumsWithoutReadingTheAccumulator) {
   for (int e = 0; e < dv; ++e) ASSERT_EQ(acc[static_cast<size_t>(e)], 1.f) << "element " << e;
 }
 
+// 32 V rows of dv normal bf16 values, those `absent` says null (zero rows),
+// and the same packed by bf16::pack_v.
+struct RandomV {
+  std::vector<uint16_t> values;
+  const uint16_t* rows[kPvKeys];
+  std::vector<uint16_t> packed;
+
+  template <class Absent>
+  RandomV(std::mt19937& rng, int32_t dv, const Absent& absent)
+      : values(static_cast<size_t>(kPvKeys) * dv), packed(static_cast<size_t>(kPvKeys) * dv) {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (uint16_t& x : values) x = float_to_bf16(normal(rng));
+    for (int j = 0; j < kPvKeys; ++j) rows[j] = absent(j) ? nullptr : values.data() + j * dv;
+    cpu::bf16::pack_v(rows, dv, packed.data());
+  }
+};
+
+// 16 rows' weights over 32 keys, |normal|, row r's keys [begin(r), end(r)).
+struct RandomWeights {
+  std::vector<float> p;
+  const float* rows[kTileRows];
+  int32_t begin[kTileRows];
+  int32_t end[kTileRows];
+
+  template <class Begin, class End>
+  RandomWeights(std::mt19937& rng, const Begin& first, const End& last)
+      : p(static_cast<size_t>(kTileRows) * kPvKeys) {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (float& x : p) x = std::abs(normal(rng));
+    for (int r = 0; r < kTileRows; ++r) {
+      rows[r] = p.data() + r * kPvKeys;
+      begin[r] = first(r);
+      end[r] = last(r);
+    }
+  }
+};
+
 // P.V goes in blocks of four rows where the rows come in fours, else of
 // three: each output element is one chain over the pairs in order either way,
 // so a row has the same bits alone, in 4, 8, 11 or 16 rows.
@@ -204,26 +241,14 @@ TEST(Bf16DotUnit, PvOfARowHasItsBitsWhateverTheRowsBesideIt) {
   std::mt19937 rng(31);
   std::normal_distribution<float> normal(0.f, 1.f);
   for (const int32_t dv : {64, 128, 512}) {
-    std::vector<uint16_t> v(static_cast<size_t>(kPvKeys) * dv);
-    for (uint16_t& x : v) x = float_to_bf16(normal(rng));
-    const uint16_t* v_rows[kPvKeys];
-    for (int j = 0; j < kPvKeys; ++j) v_rows[j] = v.data() + j * dv;
-    std::vector<uint16_t> vb(static_cast<size_t>(kPvKeys) * dv);
-    cpu::bf16::pack_v(v_rows, dv, vb.data());
-    std::vector<float> p(static_cast<size_t>(kTileRows) * kPvKeys);
-    for (float& x : p) x = std::abs(normal(rng));
-    const float* p_rows[kTileRows];
-    int32_t begin[kTileRows], end[kTileRows];
-    for (int r = 0; r < kTileRows; ++r) {
-      p_rows[r] = p.data() + r * kPvKeys;
-      begin[r] = r % 3;
-      end[r] = kPvKeys - r % 5;
-    }
+    const RandomV v(rng, dv, [](int) { return false; });
+    const std::vector<uint16_t>& vb = v.packed;
+    const RandomWeights w(rng, [](int r) { return r % 3; }, [](int r) { return kPvKeys - r % 5; });
     std::vector<float> start(static_cast<size_t>(kTileRows) * dv);
     for (float& x : start) x = normal(rng);
     const auto run = [&](int32_t rows) {
       alignas(64) uint16_t pa[kTileRows * kPvKeys];
-      cpu::bf16::pack_p(p_rows, begin, end, rows, pa);
+      cpu::bf16::pack_p(w.rows, w.begin, w.end, rows, pa);
       std::vector<float> acc = start;
       cpu::bf16dot::accumulate(pa, vb.data(), dv, acc.data(), dv, rows);
       return acc;
@@ -254,28 +279,16 @@ TEST(Bf16DotUnit, PvFromVInPlaceHasTheBitsOfPackedV) {
   std::mt19937 rng(53);
   std::normal_distribution<float> normal(0.f, 1.f);
   for (const int32_t dv : {64, 128, 512}) {
-    std::vector<uint16_t> v(static_cast<size_t>(kPvKeys) * dv);
-    for (uint16_t& x : v) x = float_to_bf16(normal(rng));
-    const uint16_t* v_rows[kPvKeys];
-    for (int j = 0; j < kPvKeys; ++j) v_rows[j] = (j == 0 || j == 19) ? nullptr : v.data() + j * dv;
-    std::vector<uint16_t> vb(static_cast<size_t>(kPvKeys) * dv);
-    cpu::bf16::pack_v(v_rows, dv, vb.data());
-    std::vector<float> p(static_cast<size_t>(kTileRows) * kPvKeys);
-    for (float& x : p) x = std::abs(normal(rng));
-    const float* p_rows[kTileRows];
-    int32_t begin[kTileRows], end[kTileRows];
-    for (int r = 0; r < kTileRows; ++r) {
-      p_rows[r] = p.data() + r * kPvKeys;
-      begin[r] = 3 * r;
-      end[r] = kPvKeys - r;
-    }
+    const RandomV v(rng, dv, [](int j) { return j == 0 || j == 19; });
+    const std::vector<uint16_t>& vb = v.packed;
+    const RandomWeights w(rng, [](int r) { return 3 * r; }, [](int r) { return kPvKeys - r; });
     std::vector<float> start(static_cast<size_t>(cpu::bf16dot::kInPlaceRows) * dv);
     for (float& x : start) x = normal(rng);
     for (int32_t rows = 1; rows <= cpu::bf16dot::kInPlaceRows; ++rows) {
       for (const bool first : {true, false}) {
         SCOPED_TRACE("dv " + std::to_string(dv) + ", rows " + std::to_string(rows) + (first ? ", first" : ""));
         alignas(64) uint16_t pa[kTileRows * kPvKeys];
-        cpu::bf16::pack_p(p_rows, begin, end, rows, pa);
+        cpu::bf16::pack_p(w.rows, w.begin, w.end, rows, pa);
         std::vector<float> packed = start;
         cpu::bf16dot::accumulate(pa, vb.data(), dv, packed.data(), dv, rows, first);
         // The running sum in lane order, as the in-place form keeps it.
@@ -290,7 +303,7 @@ TEST(Bf16DotUnit, PvFromVInPlaceHasTheBitsOfPackedV) {
             in_place[static_cast<size_t>(r * dv) + at] = start[static_cast<size_t>(r * dv + e)];
           }
         }
-        cpu::bf16dot::accumulate_in_place(pa, v_rows, dv, in_place.data(), dv, rows, first);
+        cpu::bf16dot::accumulate_in_place(pa, v.rows, dv, in_place.data(), dv, rows, first);
         cpu::bf16dot::lanes_to_elements(in_place.data(), dv, rows, dv);
         for (int r = 0; r < rows; ++r) {
           for (int e = 0; e < dv; ++e) {

@@ -17,6 +17,8 @@
 #endif
 
 #define PAGODA_VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,f16c")))
+// The same with AVX512-BF16, for P.V straight from the codes.
+#define PAGODA_VBMI_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bf16,f16c")))
 
 namespace pagoda::cpu::fp8tab {
 namespace {
@@ -257,8 +259,6 @@ PAGODA_VBMI_TARGET void pack_v(DType format, const uint8_t* const* v, int32_t dv
 }
 
 namespace {
-
-#define PAGODA_VBMI_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bf16,f16c")))
 
 // kRows rows over the 64 elements of chunk c: per pair of keys, their codes
 // widened into the four packed vectors of the chunk's stretches (pack_v's, in

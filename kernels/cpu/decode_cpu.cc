@@ -834,7 +834,7 @@ HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_
 struct AmxUnit {
   using Scope = amx::TileScope;
   static constexpr bool kPackedKeys = false;  // its tiles read keys as rows
-  static constexpr bool kVInPlace = false;    // its tiles read packed V
+  static constexpr bool kVInPlace = false;    // its tiles read packed V only
   static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.amx; }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
@@ -848,7 +848,7 @@ struct AmxUnit {
 struct DotUnit {
   struct Scope {};  // no per-thread state
   static constexpr bool kPackedKeys = true;  // scores_packed below
-  static constexpr bool kVInPlace = true;    // accumulate_in_place below
+  static constexpr bool kVInPlace = true;    // few rows: bf16dot / fp8tab::accumulate_in_place
   static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.bf16_dot; }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
@@ -861,10 +861,6 @@ struct DotUnit {
   static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride,
                          int32_t rows, bool first) {
     bf16dot::accumulate(pa, vb, dv, acc, acc_stride, rows, first);
-  }
-  static void accumulate_in_place(const uint16_t* pa, const uint16_t* const* v, int32_t dv, float* acc,
-                                  int64_t acc_stride, int32_t rows, bool first, bf16::Requests requests) {
-    bf16dot::accumulate_in_place(pa, v, dv, acc, acc_stride, rows, first, requests);
   }
 };
 
@@ -924,9 +920,9 @@ void partial_bf16_unit(const PartialTask& t) {
   // come out in lane order, put back in element order once per sub-block.
   // fp8 V codes likewise, widened in registers as they are used
   // (fp8tab::accumulate_in_place), in element order.
-  constexpr bool kVInPlaceUnit = Unit::kVInPlace && kBf16;
-  const bool v_in_place = kVInPlaceUnit && rows <= bf16dot::kInPlaceRows;
-  const bool codes_in_place = Unit::kVInPlace && v_from_codes && rows <= bf16dot::kInPlaceRows;
+  const bool in_place_rows = Unit::kVInPlace && rows <= bf16dot::kInPlaceRows;
+  const bool v_in_place = in_place_rows && kBf16;
+  const bool codes_in_place = in_place_rows && v_from_codes;
   const float* p_rows[kTileRows];
   int32_t p_begin[kTileRows];
   int32_t p_end[kTileRows];
@@ -1043,23 +1039,17 @@ void partial_bf16_unit(const PartialTask& t) {
       }
       prefetch.consumed((hi - lo) * kLinesPerRow);
       const bf16::Requests v_requests{&prefetch, (hi - lo) * kLinesPerRow};
-      if (codes_in_place) {  // one block
+      if (v_in_place || codes_in_place) {  // one block, V read where it lies
         if (pack_weights(0, rows, g0)) {
-          fp8tab::accumulate_in_place(kFp8Format<T>, pa, v_codes, kDv, sub_acc, kDv, rows, !started[0], v_requests);
+          if (codes_in_place) {
+            fp8tab::accumulate_in_place(kFp8Format<T>, pa, v_codes, kDv, sub_acc, kDv, rows, !started[0], v_requests);
+          } else {
+            bf16dot::accumulate_in_place(pa, v_rows, kDv, sub_acc, kDv, rows, !started[0], v_requests);
+          }
           started[0] = true;
         }
         prefetch.catch_up();
         continue;
-      }
-      if constexpr (kVInPlaceUnit) {
-        if (v_in_place) {  // one block
-          if (pack_weights(0, rows, g0)) {
-            Unit::accumulate_in_place(pa, v_rows, kDv, sub_acc, kDv, rows, !started[0], v_requests);
-            started[0] = true;
-          }
-          prefetch.catch_up();
-          continue;
-        }
       }
       if (v_from_codes) {
         fp8tab::pack_v(kFp8Format<T>, v_codes, kDv, vb, v_requests);  // widened and interleaved in one pass

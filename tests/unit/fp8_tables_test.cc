@@ -94,18 +94,31 @@ TEST_F(Fp8Tables, RowsWidenElementByElementAndStopAtTheirEnd) {
   }
 }
 
+// 32 V rows of codes, 576 bytes apart (a latent head's stride), byte i of the
+// block (i * step + a little noise) mod 256 so that every code lands in every
+// position somewhere; the rows `absent` says are null.
+struct VCodes {
+  static constexpr int64_t kStride = 576;
+  static constexpr int kKeys = cpu::bf16::kPvKeys;
+  std::vector<uint8_t> in = std::vector<uint8_t>(static_cast<size_t>(kKeys * kStride));
+  const uint8_t* rows[kKeys];
+
+  template <class Absent>
+  VCodes(std::mt19937& rng, size_t step, uint32_t noise, const Absent& absent) {
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>((i * step + rng() % noise) & 0xFF);
+    for (int j = 0; j < kKeys; ++j) rows[j] = absent(j) ? nullptr : in.data() + j * kStride;
+  }
+};
+
 // V packed straight from codes: each packed word is its code's widened bf16
 // at bf16::pack_v's place (two keys side by side per element, 16 elements a
 // stretch), null rows zero; V of 128 and of 512 (latent) elements, rows 576
 // bytes apart, every code in every position modulo 64 somewhere.
 TEST_F(Fp8Tables, VPacksFromCodesToTheWidenedValuesInPairsOfKeys) {
-  constexpr int64_t kStride = 576;
-  constexpr int kKeys = cpu::bf16::kPvKeys;
+  constexpr int kKeys = VCodes::kKeys;
   std::mt19937 rng(17);
-  std::vector<uint8_t> in(static_cast<size_t>(kKeys * kStride));
-  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>((i * 53 + rng() % 5) & 0xFF);
-  const uint8_t* rows[kKeys];
-  for (int j = 0; j < kKeys; ++j) rows[j] = j % 7 == 3 ? nullptr : in.data() + j * kStride;
+  const VCodes codes(rng, 53, 5, [](int j) { return j % 7 == 3; });
+  const auto& rows = codes.rows;
   for (const DType format : kFormats) {
     for (const int32_t dv : {128, 512}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(format) << " dv " << dv);
@@ -137,14 +150,11 @@ TEST_F(Fp8Tables, VPacksFromCodesToTheWidenedValuesInPairsOfKeys) {
 // code somewhere (NaN codes make NaN sums in both alike).
 TEST_F(Fp8Tables, PvFromCodesInPlaceHasTheBitsOfPackedV) {
   if (!cpu::avx512_bf16_available()) GTEST_SKIP() << "this CPU offers no AVX512-BF16 (lscpu flag avx512_bf16)";
-  constexpr int64_t kStride = 576;
-  constexpr int kKeys = cpu::bf16::kPvKeys;
+  constexpr int kKeys = VCodes::kKeys;
   constexpr int kRows = cpu::bf16dot::kInPlaceRows;
   std::mt19937 rng(29);
-  std::vector<uint8_t> in(static_cast<size_t>(kKeys * kStride));
-  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>((i * 97 + rng() % 3) & 0xFF);
-  const uint8_t* rows[kKeys];
-  for (int j = 0; j < kKeys; ++j) rows[j] = j % 5 == 2 ? nullptr : in.data() + j * kStride;
+  const VCodes codes(rng, 97, 3, [](int j) { return j % 5 == 2; });
+  const auto& rows = codes.rows;
   std::uniform_real_distribution<float> weight(0.f, 1.f);
   std::vector<float> p(static_cast<size_t>(cpu::bf16::kTileRows) * kKeys);
   for (float& x : p) x = weight(rng);

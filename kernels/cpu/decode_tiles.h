@@ -112,14 +112,17 @@ class ReadPlan {
 // follow from one to the next. The compute loops call step() as they consume
 // rows, so the requests spread over the work instead of stalling the core in
 // bursts on its fill buffers; the driver sets how far they may go (limit).
+// A sub-block's runs are listed once, when the requests reach it, so moving
+// to the next run inside the loops is a load, not a call: a call there made
+// the loop keep its accumulators in memory across it (16 stores and loads at
+// every 16-token block's end in P.V).
 class LinePrefetch {
  public:
   LinePrefetch(const ReadPlan& plan, const PoolRows& k, const PoolRows& v, int64_t lines_ahead,
                PrefetchLevel level = PrefetchLevel::kL1)
       : plan_(plan), k_(k), v_(v), ahead_(lines_ahead), to_l2_(level == PrefetchLevel::kL2) {
     sb_ = plan.first_sub_block();
-    pos_ = plan.sub_block(sb_).begin;
-    start_run();
+    list_runs();
     limit_ = lines_ahead;
     catch_up();
   }
@@ -130,7 +133,8 @@ class LinePrefetch {
   // lines past them.
   void consumed(int64_t lines) { limit_ += lines; }
   // Up to `lines` more requests, never past the limit. Inlined into the
-  // compute loops: a compare and the prefetches, unless a run ends there.
+  // compute loops: a compare and the prefetches, and where a run ends the
+  // next one's bounds.
   HWY_INLINE void step(int64_t lines) {
     if (HWY_LIKELY(issued_ + lines <= limit_ && lines * 64 <= end_ - next_)) {
       for (int64_t i = 0; i < lines; ++i) request(next_ + i * 64);
@@ -138,7 +142,7 @@ class LinePrefetch {
       issued_ += lines;
       return;
     }
-    if (issued_ < limit_) step_slow(std::min(lines, limit_ - issued_));  // none when at the limit: no call
+    if (issued_ < limit_) cross(std::min(lines, limit_ - issued_));  // none when at the limit
   }
   // The same with a count known at compile time (the score loop's): unrolled.
   template <int64_t kLines>
@@ -149,12 +153,21 @@ class LinePrefetch {
       issued_ += kLines;
       return;
     }
-    if (issued_ < limit_) step_slow(std::min(kLines, limit_ - issued_));
+    if (issued_ < limit_) cross(std::min(kLines, limit_ - issued_));
   }
-  void catch_up() { step_slow(limit_ - issued_); }
+  void catch_up() {
+    if (issued_ < limit_) cross(limit_ - issued_);
+  }
   int64_t ahead() const { return ahead_; }
 
  private:
+  struct Run {
+    const std::byte* begin;
+    const std::byte* end;
+  };
+  // A sub-block has at most this many runs per pass (one-token blocks).
+  static constexpr int kMaxRuns = 2 * static_cast<int>(kSubBlockTokens);
+
   HWY_INLINE void request(const void* p) const {
     if (to_l2_) {
       __builtin_prefetch(p, /*rw=*/0, /*locality=*/2);
@@ -162,42 +175,52 @@ class LinePrefetch {
       __builtin_prefetch(p, /*rw=*/0, /*locality=*/3);
     }
   }
-  // Requests crossing into the next runs.
-  HWY_NOINLINE void step_slow(int64_t lines) {
-    if (lines <= 0 || next_ == nullptr) return;  // null: every run requested
+  // `lines` requests (past the end of the task's runs: none), across runs.
+  HWY_INLINE void cross(int64_t lines) {
+    if (next_ == nullptr) return;  // every run requested
     issued_ += lines;
-    for (; lines > 0; --lines) {
-      if (next_ >= end_) {
-        next_run();
-        if (next_ == nullptr) return;
-      }
-      request(next_);
-      next_ += 64;
-    }
-  }
-  void start_run() {
-    const ReadPlan::Span span = plan_.sub_block(sb_);
-    int64_t rows = 0;
-    const PoolRows& src = pass_ == 0 ? k_ : v_;
-    next_ = src.run(pos_, span.end, &rows);
-    end_ = next_ + rows * src.row_bytes;
-    pos_ += rows;
-  }
-  void next_run() {
-    const ReadPlan::Span span = plan_.sub_block(sb_);
-    if (pos_ >= span.end) {
-      if (pass_ == 0) {
-        pass_ = 1;
-      } else {
-        pass_ = 0;
-        if (++sb_ >= plan_.end_sub_block()) {
-          next_ = end_ = nullptr;  // end - next stays defined (0): step() then always takes the slow path
-          return;
+    const std::byte* next = next_;
+    while (lines > 0) {
+      if (next >= end_) {
+        if (HWY_UNLIKELY(run_ + 1 >= runs_)) {
+          if (!next_sub_block()) return;
+        } else {
+          ++run_;
+          end_ = runs_list_[run_].end;
         }
+        next = runs_list_[run_].begin;
       }
-      pos_ = plan_.sub_block(sb_).begin;
+      const int64_t n = std::min<int64_t>(lines, (end_ - next + 63) / 64);
+      for (int64_t i = 0; i < n; ++i) request(next + i * 64);
+      next += n * 64;
+      lines -= n;
     }
-    start_run();
+    next_ = next;
+  }
+  // Lists sub-block sb_'s runs, K's then V's, and starts at the first.
+  void list_runs() {
+    const ReadPlan::Span span = plan_.sub_block(sb_);
+    runs_ = 0;
+    for (const PoolRows* src : {&k_, &v_}) {
+      for (int64_t pos = span.begin; pos < span.end;) {
+        int64_t rows = 0;
+        const std::byte* p = src->run(pos, span.end, &rows);
+        runs_list_[runs_++] = {p, p + rows * src->row_bytes};
+        pos += rows;
+      }
+    }
+    run_ = 0;
+    next_ = runs_list_[0].begin;
+    end_ = runs_list_[0].end;
+  }
+  // Past the last run: false, next_ null.
+  HWY_NOINLINE bool next_sub_block() {
+    if (++sb_ >= plan_.end_sub_block()) {
+      next_ = end_ = nullptr;  // end - next stays defined (0): step() then takes the slow path
+      return false;
+    }
+    list_runs();
+    return true;
   }
 
   const ReadPlan& plan_;
@@ -208,11 +231,11 @@ class LinePrefetch {
   int64_t limit_ = 0;
   int64_t issued_ = 0;
   int64_t sb_ = 0;
-  int pass_ = 0;  // 0: K, 1: V
-  int64_t pos_ = 0;
+  int run_ = 0;
+  int runs_ = 0;
   const std::byte* next_ = nullptr;
   const std::byte* end_ = nullptr;
-
+  Run runs_list_[kMaxRuns];
 };
 
 }  // namespace pagoda::cpu

@@ -165,7 +165,7 @@ class LinePrefetch {
     const std::byte* begin;
     const std::byte* end;
   };
-  // A sub-block has at most this many runs per pass (one-token blocks).
+  // A sub-block's runs, K's and V's: at most one per token each (one-token blocks).
   static constexpr int kMaxRuns = 2 * static_cast<int>(kSubBlockTokens);
 
   HWY_INLINE void request(const void* p) const {

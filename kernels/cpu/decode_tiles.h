@@ -182,13 +182,13 @@ class LinePrefetch {
     const std::byte* next = next_;
     while (lines > 0) {
       if (next >= end_) {
-        if (HWY_UNLIKELY(run_ + 1 >= runs_)) {
+        if (HWY_UNLIKELY(run_ + 1 >= run_count_)) {
           if (!next_sub_block()) return;
         } else {
           ++run_;
-          end_ = runs_list_[run_].end;
+          end_ = runs_[run_].end;
         }
-        next = runs_list_[run_].begin;
+        next = runs_[run_].begin;
       }
       const int64_t n = std::min<int64_t>(lines, (end_ - next + 63) / 64);
       for (int64_t i = 0; i < n; ++i) request(next + i * 64);
@@ -200,23 +200,23 @@ class LinePrefetch {
   // Lists sub-block sb_'s runs, K's then V's, and starts at the first.
   void list_runs() {
     const ReadPlan::Span span = plan_.sub_block(sb_);
-    runs_ = 0;
+    run_count_ = 0;
     for (const PoolRows* src : {&k_, &v_}) {
       for (int64_t pos = span.begin; pos < span.end;) {
         int64_t rows = 0;
         const std::byte* p = src->run(pos, span.end, &rows);
-        runs_list_[runs_++] = {p, p + rows * src->row_bytes};
+        runs_[run_count_++] = {p, p + rows * src->row_bytes};
         pos += rows;
       }
     }
     run_ = 0;
-    next_ = runs_list_[0].begin;
-    end_ = runs_list_[0].end;
+    next_ = runs_[0].begin;
+    end_ = runs_[0].end;
   }
   // Past the last run: false, next_ null.
   HWY_NOINLINE bool next_sub_block() {
     if (++sb_ >= plan_.end_sub_block()) {
-      next_ = end_ = nullptr;  // end - next stays defined (0): step() then takes the slow path
+      next_ = end_ = nullptr;  // end - next stays defined (0): step() goes to cross(), which returns
       return false;
     }
     list_runs();
@@ -232,10 +232,10 @@ class LinePrefetch {
   int64_t issued_ = 0;
   int64_t sb_ = 0;
   int run_ = 0;
-  int runs_ = 0;
-  const std::byte* next_ = nullptr;
-  const std::byte* end_ = nullptr;
-  Run runs_list_[kMaxRuns];
+  int run_count_ = 0;
+  const std::byte* next_ = nullptr;  // the next line to request, in runs_[run_]
+  const std::byte* end_ = nullptr;   // runs_[run_].end, beside next_ for step()'s one compare
+  Run runs_[kMaxRuns];               // sub-block sb_'s, run_count_ of them
 };
 
 }  // namespace pagoda::cpu

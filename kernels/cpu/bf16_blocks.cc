@@ -75,4 +75,21 @@ PAGODA_BF16_TARGET void pack_p(const float* const* p, const int32_t* begin, cons
   }
 }
 
+PAGODA_BF16_TARGET void pack_p_pairs(const float* p, int32_t first_pair, int32_t end_pair, uint16_t* pa) {
+  // cvtne2ps puts the first key's 16 rows in the low words and the second's in
+  // the high ones; the permute pairs them row by row.
+  alignas(64) static constexpr uint16_t kPairs[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i pairs = _mm512_load_si512(kPairs);
+  for (int32_t k = 0; k < kPvKeys / 2; ++k) {
+    __m512i words = _mm512_setzero_si512();
+    if (k >= first_pair && k < end_pair) {
+      const __m512bh bf = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 32 * k + 16), _mm512_loadu_ps(p + 32 * k));
+      words = _mm512_permutexvar_epi16(pairs, reinterpret_cast<__m512i>(bf));
+    }
+    _mm512_storeu_si512(pa + 32 * k, words);
+  }
+}
+
 }  // namespace pagoda::cpu::bf16

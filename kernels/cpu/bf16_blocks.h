@@ -61,4 +61,14 @@ void pack_v(const uint16_t* const* v, int32_t dv, uint16_t* vb, Requests request
 // only where the range covers it.
 void pack_p(const float* const* p, const int32_t* begin, const int32_t* end, int32_t rows, uint16_t* pa);
 
+// The same 16 rows' weights over 32 keys from key-major weights (p[16 j + r]:
+// key j, row r, zero where row r does not attend key j), pair-major:
+// pa[k][r][i] = bf16(p[16 (2k + i) + r]) for pairs k in [first_pair,
+// end_pair), else 0 (p is read only there). A pair of weights for 16 rows is
+// then one vector, for P.V's broadcasts to read as a row-major pa's.
+void pack_p_pairs(const float* p, int32_t first_pair, int32_t end_pair, uint16_t* pa);
+
+// Which of the two layouts above a packed P is in.
+enum class PLayout { kRowMajor, kPairMajor };
+
 }  // namespace pagoda::cpu::bf16

@@ -16,6 +16,7 @@ namespace {
 using bf16::kPvKeys;
 using bf16::kTileRows;
 using bf16::kValuesPerTile;
+using bf16::PLayout;
 using bf16::Spread;
 
 // The 32-bit word (a pair of bf16 values) at p, for a broadcast.
@@ -47,11 +48,12 @@ PAGODA_BF16_TARGET inline void with_key_stride(int32_t d, const KeyRows* keys, i
 }
 
 // Scores of 9 to 16 rows, the rows in the lanes of 512-bit vectors:
-// st[j][r] = q[r] . key j for the 16 keys of `keys`, 16 independent chains
-// covering VDPBF16PS's latency. kStride as with_key_stride gives it.
+// st[j][r] = scale * (q[r] . key j) for the first n keys of `keys`, 16
+// independent chains covering VDPBF16PS's latency. kStride as
+// with_key_stride gives it.
 template <int64_t kStride>
-PAGODA_BF16_TARGET inline void scores_transposed(const uint16_t* qb, int32_t d, const KeyRows& keys, float* st,
-                                                Spread& spread) {
+PAGODA_BF16_TARGET inline void scores_transposed(const uint16_t* qb, int32_t d, const KeyRows& keys, __m512 scale,
+                                                int32_t n, float* st, Spread& spread) {
   const auto* k = reinterpret_cast<const char*>(keys.k);
   const int64_t stride = kStride > 0 ? kStride : keys.stride;
   __m512 acc[kTileRows];
@@ -64,7 +66,7 @@ PAGODA_BF16_TARGET inline void scores_transposed(const uint16_t* qb, int32_t d, 
     }
     if ((p & 15) == 15) spread.tick();
   }
-  for (int j = 0; j < kTileRows; ++j) _mm512_store_ps(st + kTileRows * j, acc[j]);
+  for (int j = 0; j < n; ++j) _mm512_storeu_ps(st + kTileRows * j, _mm512_mul_ps(acc[j], scale));
 }
 
 // Up to 8 rows with keys in the lanes as well: a 128-bit lane per key, the
@@ -179,7 +181,13 @@ PAGODA_BF16_TARGET inline void scores_pairs(const uint16_t* qb, int32_t d, const
 // kRows rows of P.V over kVecs stretches of 16 output elements at a time:
 // kRows x kVecs accumulators, each packed V vector loaded once for the rows,
 // each row's pair of weights broadcast once for the stretches.
-template <int kRows, int kVecs>
+// Where the pair of weights (row r, keys 2k and 2k + 1) sits in a packed P.
+template <PLayout kLayout>
+constexpr int64_t p_pair_offset(int r, int k) {
+  return kLayout == PLayout::kRowMajor ? r * kPvKeys + 2 * k : k * kPvKeys + 2 * r;
+}
+
+template <int kRows, int kVecs, PLayout kLayout>
 PAGODA_BF16_TARGET inline void accumulate_rows(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
                                                int64_t acc_stride, bool first) {
   for (int32_t t0 = 0; t0 < dv / 16; t0 += kVecs) {
@@ -192,7 +200,7 @@ PAGODA_BF16_TARGET inline void accumulate_rows(const uint16_t* pa, const uint16_
     for (int k = 0; k < kPvKeys / 2; ++k) {
       __m512bh w[kRows];
       for (int r = 0; r < kRows; ++r) {
-        w[r] = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_at(pa + r * kPvKeys + 2 * k)));
+        w[r] = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_at(pa + p_pair_offset<kLayout>(r, k))));
       }
       for (int i = 0; i < kVecs; ++i) {
         const __m512bh v = reinterpret_cast<__m512bh>(
@@ -206,26 +214,28 @@ PAGODA_BF16_TARGET inline void accumulate_rows(const uint16_t* pa, const uint16_
   }
 }
 
-template <int kVecs>
+template <int kVecs, PLayout kLayout>
 PAGODA_BF16_TARGET void accumulate_all(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
                                        int64_t acc_stride, int32_t rows, bool first) {
+  // The first of the rows r0.. in pa (pair-major: two bf16 values a row).
+  const auto rows_from = [&](int32_t r0) { return pa + p_pair_offset<kLayout>(r0, 0); };
   // Rows in fours where they come in fours (a GQA-4 group per query token):
   // 4 x kVecs / 2 accumulators, each packed V vector loaded once for the four,
   // where three and one loaded it twice (AMD Zen 5, 2 threads, 8 x 4096
   // tokens, GQA 4: 0.96-0.98x the time with one query row, 0.95-0.97x with four).
   if (rows % 4 == 0 && kVecs % 2 == 0) {
     for (int32_t r = 0; r < rows; r += 4) {
-      accumulate_rows<4, kVecs / 2>(pa + r * kPvKeys, vb, dv, acc + r * acc_stride, acc_stride, first);
+      accumulate_rows<4, kVecs / 2, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first);
     }
     return;
   }
   // Else three rows of eight stretches: 24 accumulators, 8 operands beside them.
   int32_t r = 0;
   for (; r + 3 <= rows; r += 3) {
-    accumulate_rows<3, kVecs>(pa + r * kPvKeys, vb, dv, acc + r * acc_stride, acc_stride, first);
+    accumulate_rows<3, kVecs, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first);
   }
-  if (rows - r == 2) accumulate_rows<2, kVecs>(pa + r * kPvKeys, vb, dv, acc + r * acc_stride, acc_stride, first);
-  if (rows - r == 1) accumulate_rows<1, kVecs>(pa + r * kPvKeys, vb, dv, acc + r * acc_stride, acc_stride, first);
+  if (rows - r == 2) accumulate_rows<2, kVecs, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first);
+  if (rows - r == 1) accumulate_rows<1, kVecs, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first);
 }
 
 // The bf16 zeros that stand for a missing V row.
@@ -321,13 +331,26 @@ PAGODA_BF16_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* key
   alignas(64) float st[kTileRows * kTileRows];  // [key][row]
   for (int32_t gi = 0; gi < groups; ++gi) {
     with_key_stride(d, keys + gi, 1, [&](auto stride) PAGODA_BF16_TARGET {
-      scores_transposed<decltype(stride)::value>(qb, d, keys[gi], st, spread);
+      scores_transposed<decltype(stride)::value>(qb, d, keys[gi], vs, kTileRows, st, spread);
     });
     __m512 s[kTileRows];
     bf16::transpose16(st, s);
     const __mmask16 live = static_cast<__mmask16>((1u << keys[gi].n) - 1);
     float* o = out + gi * kTileRows;
-    for (int32_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(o + r * out_stride, live, _mm512_mul_ps(s[r], vs));
+    for (int32_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(o + r * out_stride, live, s[r]);
+    spread.tick();
+  }
+}
+
+PAGODA_BF16_TARGET void scores_by_key(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups,
+                                      float scale, float* out, Requests requests) {
+  Spread spread(requests, groups * (d / 32 + 1));
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (int32_t gi = 0; gi < groups; ++gi) {
+    with_key_stride(d, keys + gi, 1, [&](auto stride) PAGODA_BF16_TARGET {
+      scores_transposed<decltype(stride)::value>(qb, d, keys[gi], vs, keys[gi].n, out + gi * kTileRows * kTileRows,
+                                                 spread);
+    });
     spread.tick();
   }
 }
@@ -349,13 +372,15 @@ PAGODA_BF16_TARGET void scores_packed(const uint16_t* qb, int32_t d, const KeyRo
 }
 
 PAGODA_BF16_TARGET void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
-                                   int64_t acc_stride, int32_t rows, bool first) {
+                                   int64_t acc_stride, int32_t rows, bool first, PLayout layout) {
   // dv is a multiple of 64 in the vocabulary: whole steps of 4 or 8 stretches.
-  if ((dv / 16) % 8 == 0) {
-    accumulate_all<8>(pa, vb, dv, acc, acc_stride, rows, first);
-  } else {
-    accumulate_all<4>(pa, vb, dv, acc, acc_stride, rows, first);
+  const bool eight = (dv / 16) % 8 == 0;
+  if (layout == PLayout::kPairMajor) {
+    if (eight) return accumulate_all<8, PLayout::kPairMajor>(pa, vb, dv, acc, acc_stride, rows, first);
+    return accumulate_all<4, PLayout::kPairMajor>(pa, vb, dv, acc, acc_stride, rows, first);
   }
+  if (eight) return accumulate_all<8, PLayout::kRowMajor>(pa, vb, dv, acc, acc_stride, rows, first);
+  accumulate_all<4, PLayout::kRowMajor>(pa, vb, dv, acc, acc_stride, rows, first);
 }
 
 PAGODA_BF16_TARGET void accumulate_in_place(const uint16_t* pa, const uint16_t* const* v, int32_t dv, float* acc,

@@ -46,11 +46,18 @@ void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, 
 void scores_packed(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows, float scale,
                    float* out, int64_t out_stride, Requests requests = {});
 
+// The scores of all 16 rows of packed q, key-major: out[16 (16 g + j) + r] =
+// scale * (q[r] . keys[g][j]) for j < keys[g].n (the bits scores() gives),
+// with no transpose: the rows are the lanes of the sums.
+void scores_by_key(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, float scale, float* out,
+                   Requests requests = {});
+
 // acc[r * acc_stride + e] += sum over j of pa[r][j] * v[j][e] for r < rows (at
-// most 16) and e < dv, pa packed by bf16::pack_p and V by bf16::pack_v; with
-// `first`, acc is not read (= instead of +=).
+// most 16) and e < dv, pa packed by bf16::pack_p (kRowMajor) or
+// bf16::pack_p_pairs (kPairMajor) and V by bf16::pack_v; with `first`, acc is
+// not read (= instead of +=).
 void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride, int32_t rows,
-                bool first = false);
+                bool first = false, bf16::PLayout layout = bf16::PLayout::kRowMajor);
 
 // The same sums for up to kInPlaceRows rows from V rows where they lie (v[j]:
 // row j of the 32 keys, dv bf16 values; null: a zero row), without

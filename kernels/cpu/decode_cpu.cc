@@ -826,6 +826,129 @@ HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_
   }
 }
 
+// The softmax of a block of 16 rows whose scores are key-major
+// (s[16 j + r]: key j of the sub-block, row r), as the dot products leave
+// them with the rows in the lanes: the weights replace the scores in place
+// over keys [*first, *end) (whole vectors of 16 keys, set here; zero where a
+// row does not attend the key), and rows r < live get their (m, l). Row r
+// attends keys [begin[r], end_of[r]) of the sub-block (none where begin >=
+// end). Each row has the bits softmax_row gives it from row-major scores:
+// the max is exact in any order, each weight is the same function of its
+// score and the row max, and the sum runs in softmax_row's order. There, lane
+// i of a vector sum adds the keys j = i mod 16 in key order (a zero for each
+// key outside the row: exact), and the 16 lanes meet as GCC's
+// _mm512_reduce_add_ps joins them (lanes i and i + 8, then i and i + 4, i and
+// i + 2, 0 and 1); here sums[i] adds the same keys for every row at once and
+// the 16 sums meet in the same pairs. A unit test compares the two bit for
+// bit.
+HWY_INLINE void softmax_keys(float* HWY_RESTRICT s, const int32_t* begin, const int32_t* end_of, int32_t live,
+                             float soft_cap, SoftmaxStats<float>* stats, int64_t* first, int64_t* end) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  static_assert(hn::MaxLanes(DF()) == bf16::kTileRows, "a row per lane");
+  alignas(64) int32_t lo[bf16::kTileRows];
+  alignas(64) int32_t hi[bf16::kTileRows];
+  int32_t j0 = kSubBlockTokens;
+  int32_t j1 = 0;
+  for (int32_t r = 0; r < bf16::kTileRows; ++r) {
+    const bool attends = r < live && begin[r] < end_of[r];
+    lo[r] = attends ? begin[r] : 0;
+    hi[r] = attends ? end_of[r] : 0;
+    if (attends) {
+      j0 = std::min(j0, begin[r]);
+      j1 = std::max(j1, end_of[r]);
+    }
+  }
+  *first = j0 / bf16::kTileRows * bf16::kTileRows;
+  *end = j0 < j1 ? (j1 + bf16::kTileRows - 1) / bf16::kTileRows * bf16::kTileRows : *first;
+  for (int32_t r = 0; r < live; ++r) stats[r] = {};
+  if (*first >= *end) return;
+  const auto vlo = hn::Load(di, lo);
+  const auto vhi = hn::Load(di, hi);
+  const auto attended = [&](int64_t j) {
+    const auto vj = hn::Set(di, static_cast<int32_t>(j));
+    return hn::RebindMask(df, hn::AndNot(hn::Lt(vj, vlo), hn::Lt(vj, vhi)));  // lo <= j < hi
+  };
+  if (soft_cap > 0.f) {
+    const VF inv_cap = hn::Set(df, 1.f / soft_cap);
+    const VF cap_log2 = hn::Set(df, soft_cap * static_cast<float>(kLog2e));
+    for (int64_t j = *first; j < *end; ++j) {
+      float* at = s + bf16::kTileRows * j;
+      hn::Store(hn::Mul(cap_log2, hn::Tanh(df, hn::Mul(hn::Load(df, at), inv_cap))), df, at);
+    }
+  }
+  // Keys every attending row attends take one fixed mask, the edges each
+  // key's own: the mask tests are the loops' cost.
+  int32_t all_lo = 0;
+  int32_t all_hi = kSubBlockTokens;
+  alignas(64) int32_t attends[bf16::kTileRows];
+  for (int32_t r = 0; r < bf16::kTileRows; ++r) {
+    attends[r] = lo[r] < hi[r] ? -1 : 0;
+    if (attends[r] != 0) {
+      all_lo = std::max(all_lo, lo[r]);
+      all_hi = std::min(all_hi, hi[r]);
+    }
+  }
+  all_hi = std::max(all_hi, all_lo);
+  const auto every = hn::RebindMask(df, hn::Ne(hn::Load(di, attends), hn::Zero(di)));
+  const VF ninf = hn::Set(df, neg_inf<float>());
+  VF vmax = ninf;
+  for (int64_t j = *first; j < all_lo; ++j) {
+    vmax = hn::Max(vmax, hn::IfThenElse(attended(j), hn::Load(df, s + bf16::kTileRows * j), ninf));
+  }
+  {
+    VF part[4] = {ninf, ninf, ninf, ninf};
+    int64_t j = all_lo;
+    for (; j + 4 <= all_hi; j += 4) {
+      for (int k = 0; k < 4; ++k) part[k] = hn::Max(part[k], hn::Load(df, s + bf16::kTileRows * (j + k)));
+    }
+    for (; j < all_hi; ++j) part[0] = hn::Max(part[0], hn::Load(df, s + bf16::kTileRows * j));
+    vmax = hn::Max(vmax, hn::IfThenElse(every, hn::Max(hn::Max(part[0], part[1]), hn::Max(part[2], part[3])), ninf));
+  }
+  for (int64_t j = all_hi; j < *end; ++j) {
+    vmax = hn::Max(vmax, hn::IfThenElse(attended(j), hn::Load(df, s + bf16::kTileRows * j), ninf));
+  }
+  // A row with no key keeps m = -inf; 0 in its place spares its (zeroed)
+  // weights a NaN.
+  const auto empty = hn::Eq(vmax, ninf);
+  const VF vm = hn::IfThenZeroElse(empty, vmax);
+  const auto weigh = [&](int64_t j, auto mask) {
+    float* at = s + bf16::kTileRows * j;
+    hn::Store(hn::IfThenElseZero(mask, exp2_nonpositive(hn::Sub(hn::Load(df, at), vm))), df, at);
+  };
+  for (int64_t j = *first; j < all_lo; ++j) weigh(j, attended(j));
+  {
+    // Four exponentials side by side, as softmax_row takes them.
+    int64_t j = all_lo;
+    for (; j + 4 <= all_hi; j += 4) {
+      for (int k = 0; k < 4; ++k) weigh(j + k, every);
+    }
+    for (; j < all_hi; ++j) weigh(j, every);
+  }
+  for (int64_t j = all_hi; j < *end; ++j) weigh(j, attended(j));
+  // sums[i]: keys j = i mod 16 in key order, four chains at a time (the
+  // exponentials' constants leave too few registers to keep all 16 there).
+  VF sums[bf16::kTileRows];
+  for (int i0 = 0; i0 < bf16::kTileRows; i0 += 4) {
+    VF part[4] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
+    for (int64_t j0v = *first; j0v < *end; j0v += bf16::kTileRows) {
+      for (int k = 0; k < 4; ++k) part[k] = hn::Add(part[k], hn::Load(df, s + bf16::kTileRows * (j0v + i0 + k)));
+    }
+    for (int k = 0; k < 4; ++k) sums[i0 + k] = part[k];
+  }
+  for (int i = 0; i < 8; ++i) sums[i] = hn::Add(sums[i], sums[i + 8]);
+  for (int i = 0; i < 4; ++i) sums[i] = hn::Add(sums[i], sums[i + 4]);
+  for (int i = 0; i < 2; ++i) sums[i] = hn::Add(sums[i], sums[i + 2]);
+  const VF l = hn::Add(sums[0], sums[1]);
+  alignas(64) float m_rows[bf16::kTileRows];
+  alignas(64) float l_rows[bf16::kTileRows];
+  hn::Store(vmax, df, m_rows);
+  hn::Store(l, df, l_rows);
+  for (int32_t r = 0; r < live; ++r) {
+    if (m_rows[r] != neg_inf<float>()) stats[r] = {m_rows[r], l_rows[r]};
+  }
+}
+
 // The two matrix units behind one interface: AMX tiles (amx_tiles.h) and
 // AVX512-BF16 dot products (bf16_dot.h), on the same packed operands
 // (bf16_blocks.h). The tiles work on all 16 rows of a block; the dot products
@@ -835,6 +958,7 @@ struct AmxUnit {
   using Scope = amx::TileScope;
   static constexpr bool kPackedKeys = false;  // its tiles read keys as rows
   static constexpr bool kVInPlace = false;    // its tiles read packed V only
+  static constexpr bool kKeyMajor = false;    // its scores come out row-major
   static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.amx; }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
@@ -849,7 +973,12 @@ struct DotUnit {
   struct Scope {};  // no per-thread state
   static constexpr bool kPackedKeys = true;  // scores_packed below
   static constexpr bool kVInPlace = true;    // few rows: bf16dot / fp8tab::accumulate_in_place
+  static constexpr bool kKeyMajor = true;     // 9 to 16 rows: scores_by_key below
   static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.bf16_dot; }
+  static void scores_by_key(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, float scale,
+                            float* out, bf16::Requests requests) {
+    bf16dot::scores_by_key(qb, d, keys, groups, scale, out, requests);
+  }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
     bf16dot::scores(qb, d, keys, groups, rows, scale, out, out_stride, requests);
@@ -859,8 +988,8 @@ struct DotUnit {
     bf16dot::scores_packed(qb, d, keys, groups, rows, scale, out, out_stride, requests);
   }
   static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride,
-                         int32_t rows, bool first) {
-    bf16dot::accumulate(pa, vb, dv, acc, acc_stride, rows, first);
+                         int32_t rows, bool first, bf16::PLayout layout = bf16::PLayout::kRowMajor) {
+    bf16dot::accumulate(pa, vb, dv, acc, acc_stride, rows, first, layout);
   }
 };
 
@@ -928,6 +1057,15 @@ void partial_bf16_unit(const PartialTask& t) {
   int32_t p_end[kTileRows];
   int32_t key_begin[kMaxTaskRows];
   int32_t key_end[kMaxTaskRows];
+  // Blocks of 9 to 16 rows on the dot products keep their scores and weights
+  // key-major, the rows in the lanes (softmax_keys): no transpose of the sums,
+  // and each pair of keys' weights one vector for P.V. Fewer rows put keys in
+  // the lanes and their scores come out row-major.
+  const auto key_major = [&](int32_t b) {
+    return Unit::kKeyMajor && rows - b * kTileRows > kTileRows / 2;
+  };
+  int64_t weights_begin[kMaxTaskRows / kTileRows];  // keys softmax_keys wrote, per block
+  int64_t weights_end[kMaxTaskRows / kTileRows];
   for (int64_t sb = plan.first_sub_block(); sb < plan.end_sub_block(); ++sb) {
     const int64_t base = t.chunk_begin + sb * kSubBlockTokens;  // scores index = position - base
     const ReadPlan::Span span = plan.sub_block(sb);
@@ -974,6 +1112,15 @@ void partial_bf16_unit(const PartialTask& t) {
         const uint16_t* q_block = qb + static_cast<int64_t>(b) * kTileRows * kD;
         const int32_t live = std::min(kTileRows, rows - b * kTileRows);
         float* out = scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens + (pos - base);
+        if constexpr (Unit::kKeyMajor) {
+          if (key_major(b)) {
+            Unit::scores_by_key(q_block, kD, groups, count, t.score_scale,
+                                scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens +
+                                    kTileRows * (pos - base),
+                                requests);
+            continue;
+          }
+        }
         if constexpr (Unit::kPackedKeys) {
           if (packed_keys) {
             Unit::scores_packed(q_block, kD, groups, count, live, t.score_scale, out, kSubBlockTokens, requests);
@@ -985,21 +1132,35 @@ void partial_bf16_unit(const PartialTask& t) {
       prefetch.catch_up();
       pos = at;
     }
-    softmax_sub_block(t, plan, sb, scores, stats);
+    // Each row's keys relative to the sub-block (none: an empty range), once
+    // for the softmax and all of P.V's groups (bf16, 16 rows, GQA 4 with four
+    // query rows: 0.96x the time, one thread, cache-resident).
+    for (int32_t r = 0; r < rows; ++r) {
+      const ReadPlan::Span keys = plan.keys_of(r / t.heads, sb);
+      key_begin[r] = static_cast<int32_t>(keys.begin - base);
+      key_end[r] = static_cast<int32_t>(keys.end - base);
+    }
+    for (int32_t b = 0; b < blocks; ++b) {
+      const int32_t live = std::min(kTileRows, rows - b * kTileRows);
+      if (key_major(b)) {
+        softmax_keys(scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens, key_begin + b * kTileRows,
+                     key_end + b * kTileRows, live, t.soft_cap, stats + b * kTileRows, &weights_begin[b],
+                     &weights_end[b]);
+        continue;
+      }
+      for (int32_t r = b * kTileRows; r < b * kTileRows + live; ++r) {
+        stats[r] = softmax_row(scores + static_cast<int64_t>(r) * kSubBlockTokens, key_begin[r], key_end[r],
+                               t.soft_cap);
+      }
+    }
+    for (int32_t r = 0; r < rows; ++r) {
+      if (stats[r].m == neg_inf<float>()) key_begin[r] = key_end[r] = 0;
+    }
 
     // Pass 2: P.V, 32 keys at a time, V interleaved once for every row block.
     // A block's first group with a weight writes its tiles from zero; a row
     // with keys has them in some group, so its sums start there.
     bool started[kMaxTaskRows / kTileRows] = {};
-    // Each row's keys relative to the sub-block (none: an empty range), once
-    // for all its groups (bf16, 16 rows, GQA 4 with four query rows: 0.96x
-    // the time, one thread, cache-resident).
-    for (int32_t r = 0; r < rows; ++r) {
-      const ReadPlan::Span keys = plan.keys_of(r / t.heads, sb);
-      const bool has_keys = stats[r].m != neg_inf<float>();
-      key_begin[r] = has_keys ? static_cast<int32_t>(keys.begin - base) : 0;
-      key_end[r] = has_keys ? static_cast<int32_t>(keys.end - base) : 0;
-    }
     // Block b's weights over the group at g0 into pa; false where all are zero
     // (the sums would not change).
     const auto pack_weights = [&](int32_t b, int32_t live, int64_t g0) {
@@ -1012,8 +1173,16 @@ void partial_bf16_unit(const PartialTask& t) {
         p_rows[i] = scores + static_cast<int64_t>(r) * kSubBlockTokens + g0;
         any = any || p_begin[i] < p_end[i];
       }
-      if (any) bf16::pack_p(p_rows, p_begin, p_end, live, pa);
-      return any;
+      if (!any) return false;
+      if (key_major(b)) {  // pairs of the group inside the weights softmax_keys wrote
+        const int64_t first = std::clamp<int64_t>(weights_begin[b] - g0, 0, kPvKeys) / 2;
+        const int64_t end = std::clamp<int64_t>(weights_end[b] - g0, 0, kPvKeys) / 2;
+        bf16::pack_p_pairs(scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens + kTileRows * g0,
+                           static_cast<int32_t>(first), static_cast<int32_t>(end), pa);
+      } else {
+        bf16::pack_p(p_rows, p_begin, p_end, live, pa);
+      }
+      return true;
     };
     for (int64_t g0 = (span.begin - base) / kPvKeys * kPvKeys; base + g0 < span.end; g0 += kPvKeys) {
       const int64_t lo = std::max(span.begin, base + g0);
@@ -1059,7 +1228,15 @@ void partial_bf16_unit(const PartialTask& t) {
       for (int32_t b = 0; b < blocks; ++b) {
         const int32_t live = std::min(kTileRows, rows - b * kTileRows);
         if (!pack_weights(b, live, g0)) continue;
-        Unit::accumulate(pa, vb, kDv, sub_acc + static_cast<int64_t>(b) * kTileRows * kDv, kDv, live, !started[b]);
+        float* acc = sub_acc + static_cast<int64_t>(b) * kTileRows * kDv;
+        if constexpr (Unit::kKeyMajor) {
+          if (key_major(b)) {
+            Unit::accumulate(pa, vb, kDv, acc, kDv, live, !started[b], bf16::PLayout::kPairMajor);
+            started[b] = true;
+            continue;
+          }
+        }
+        Unit::accumulate(pa, vb, kDv, acc, kDv, live, !started[b]);
         started[b] = true;
       }
       prefetch.catch_up();

@@ -362,6 +362,93 @@ TEST(Bf16DotUnit, ScoresOfUpTo8RowsHaveTheBitsOfA16RowBlock) {
   }
 }
 
+// Blocks of 9 to 16 rows keep their scores key-major (scores_by_key): the
+// scores() of the same block, key by key, for both groups, the keys past a
+// short group's n left as they were.
+TEST(Bf16DotUnit, KeyMajorScoresAreTheBlocksScoresKeyByKey) {
+  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const int32_t d : {64, 128, 576}) {
+    for (const int64_t stride : {int64_t{d}, int64_t{d} + 32}) {
+      SCOPED_TRACE("d " + std::to_string(d) + ", stride " + std::to_string(stride));
+      std::vector<float> q(static_cast<size_t>(kTileRows) * d);
+      for (float& x : q) x = normal(rng);
+      std::vector<uint16_t> k0(static_cast<size_t>(16 * stride)), k1(static_cast<size_t>(16 * stride));
+      for (uint16_t& x : k0) x = float_to_bf16(normal(rng));
+      for (uint16_t& x : k1) x = float_to_bf16(normal(rng));
+      const cpu::bf16::KeyRows keys[2] = {{k0.data(), stride * 2, 16}, {k1.data(), stride * 2, 11}};
+      const float* rows[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) rows[r] = q.data() + r * d;
+      std::vector<uint16_t> qb(static_cast<size_t>(kTileRows) * d);
+      cpu::bf16::pack_q(rows, d, qb.data());
+      constexpr int64_t out_stride = 32;
+      std::vector<float> row_major(static_cast<size_t>(kTileRows) * out_stride, 0.f);
+      cpu::bf16dot::scores(qb.data(), d, keys, 2, kTileRows, 0.125f, row_major.data(), out_stride);
+      constexpr float kUntouched = -7.f;
+      std::vector<float> key_major(static_cast<size_t>(32) * kTileRows, kUntouched);
+      cpu::bf16dot::scores_by_key(qb.data(), d, keys, 2, 0.125f, key_major.data());
+      for (int j = 0; j < 32; ++j) {
+        for (int r = 0; r < kTileRows; ++r) {
+          const float got = key_major[static_cast<size_t>(j * kTileRows + r)];
+          if (j >= 16 + 11) {
+            ASSERT_EQ(got, kUntouched) << "key " << j << " is past the second group's 11";
+            continue;
+          }
+          const float want = row_major[static_cast<size_t>(r * out_stride + j)];
+          ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "row " << r << " key " << j;
+        }
+      }
+    }
+  }
+}
+
+// Key-major weights packed pair-major (pack_p_pairs) give P.V the bits of the
+// same weights row-major (pack_p), with the pairs outside the written range
+// zero whatever the buffer holds there.
+TEST(Bf16DotUnit, PvOfPairMajorWeightsHasTheBitsOfRowMajorOnes) {
+  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
+  std::mt19937 rng(67);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const int32_t dv : {64, 128, 512}) {
+    const RandomV v(rng, dv, [](int j) { return j == 5; });
+    // Weights of the pairs [first, end): keys [2 first, 2 end) for every row,
+    // as a key-major softmax leaves them (zero outside each row's keys).
+    const int32_t first = 2;
+    const int32_t end = 13;
+    const RandomWeights w(rng, [](int r) { return r % 7 + 4; }, [](int r) { return 26 - r % 4; });
+    std::vector<float> key_major(static_cast<size_t>(kPvKeys) * kTileRows, std::nanf(""));
+    for (int j = 2 * first; j < 2 * end; ++j) {
+      for (int r = 0; r < kTileRows; ++r) {
+        const bool attends = j >= w.begin[r] && j < w.end[r];
+        key_major[static_cast<size_t>(j * kTileRows + r)] = attends ? w.p[static_cast<size_t>(r * kPvKeys + j)] : 0.f;
+      }
+    }
+    alignas(64) uint16_t by_rows[kTileRows * kPvKeys];
+    alignas(64) uint16_t by_pairs[kTileRows * kPvKeys];
+    cpu::bf16::pack_p(w.rows, w.begin, w.end, kTileRows, by_rows);
+    cpu::bf16::pack_p_pairs(key_major.data(), first, end, by_pairs);
+    std::vector<float> start(static_cast<size_t>(kTileRows) * dv);
+    for (float& x : start) x = normal(rng);
+    for (const int32_t rows : {16, 12, 9}) {
+      for (const bool from_zero : {true, false}) {
+        SCOPED_TRACE("dv " + std::to_string(dv) + ", rows " + std::to_string(rows) + (from_zero ? ", first" : ""));
+        std::vector<float> want = start;
+        std::vector<float> got = start;
+        cpu::bf16dot::accumulate(by_rows, v.packed.data(), dv, want.data(), dv, rows, from_zero);
+        cpu::bf16dot::accumulate(by_pairs, v.packed.data(), dv, got.data(), dv, rows, from_zero,
+                                 cpu::bf16::PLayout::kPairMajor);
+        for (int r = 0; r < rows; ++r) {
+          for (int e = 0; e < dv; ++e) {
+            const size_t i = static_cast<size_t>(r * dv + e);
+            ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << "row " << r << " element " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Bf16DotUnit, PeakIsMeasuredAndPlausible) {
   if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
   const double one = cpu::measure_bf16_dot_peak(1);

@@ -430,6 +430,24 @@ HWY_INLINE VF exp2_nonpositive(VF x) {
 #endif
 }
 
+// The lanes of v summed in a fixed tree, whichever compiler built it: on
+// AVX-512 lane i with i + 8, then i with i + 4, i with i + 2, 0 with 1 (the
+// order GCC's _mm512_reduce_add_ps takes; softmax_keys sums rows-in-lanes
+// vectors in the same pairs, so the two forms of the softmax give a row the
+// same bits). Elsewhere Highway's sum.
+HWY_INLINE float sum_lanes(VF v) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const hn::Half<DF> d8;
+  const hn::Half<decltype(d8)> d4;
+  const auto v8 = hn::Add(hn::LowerHalf(d8, v), hn::UpperHalf(d8, v));
+  const auto v4 = hn::Add(hn::LowerHalf(d4, v8), hn::UpperHalf(d4, v8));
+  const auto v2 = hn::Add(v4, hn::Shuffle1032(v4));  // lanes 0 + 2, 1 + 3
+  return hn::GetLane(hn::Add(v2, hn::Shuffle2301(v2)));
+#else
+  return hn::GetLane(hn::SumOfLanes(DF(), v));
+#endif
+}
+
 // Row scores s[first, end) (relative to the sub-block) become softmax weights
 // 2^(s - m) in place; returns the row's (m, l). Lanes hold fixed positions:
 // the loop runs over the vectors that cover [first, end), the lanes outside it
@@ -475,7 +493,7 @@ HWY_INLINE SoftmaxStats<float> softmax_row(float* HWY_RESTRICT s, int64_t first,
     hn::Store(p, df, s + i);
     vsum = hn::Add(vsum, p);
   }
-  st.l = hn::GetLane(hn::SumOfLanes(df, vsum));
+  st.l = sum_lanes(vsum);
   return st;
 }
 
@@ -836,11 +854,11 @@ HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_
 // the max is exact in any order, each weight is the same function of its
 // score and the row max, and the sum runs in softmax_row's order. There, lane
 // i of a vector sum adds the keys j = i mod 16 in key order (a zero for each
-// key outside the row: exact), and the 16 lanes meet as GCC's
-// _mm512_reduce_add_ps joins them (lanes i and i + 8, then i and i + 4, i and
-// i + 2, 0 and 1); here sums[i] adds the same keys for every row at once and
-// the 16 sums meet in the same pairs. A unit test compares the two bit for
-// bit.
+// key outside the row: exact), and the 16 lanes meet in sum_lanes's tree
+// (lanes i and i + 8, then i and i + 4, i and i + 2, 0 and 1); here sums[i]
+// adds the same keys for every row
+// at once and the 16 sums meet in the same pairs. Draft rows are compared bit
+// for bit with their single-step decodes, which take the row-major form.
 HWY_INLINE void softmax_keys(float* HWY_RESTRICT s, const int32_t* begin, const int32_t* end_of, int32_t live,
                              float soft_cap, SoftmaxStats<float>* stats, int64_t* first, int64_t* end) {
   const DF df;

@@ -316,6 +316,36 @@ TEST(Bf16DotUnit, PvFromVInPlaceHasTheBitsOfPackedV) {
   }
 }
 
+// 16 rows of normal q packed by pack_q, and two groups of normal bf16 keys
+// (16 and 11 scored) `stride` elements apart, with the 16-row block's scores
+// (row-major, 32 keys a row) from scores().
+struct RandomKeyBlock {
+  static constexpr int64_t kOutStride = 32;
+  std::vector<float> q;
+  const float* rows[kTileRows];
+  std::vector<uint16_t> k0, k1;
+  cpu::bf16::KeyRows keys[2];
+  std::vector<uint16_t> qb;
+  std::vector<float> block;
+
+  RandomKeyBlock(std::mt19937& rng, int32_t d, int64_t stride)
+      : q(static_cast<size_t>(kTileRows) * d),
+        k0(static_cast<size_t>(16 * stride)),
+        k1(static_cast<size_t>(16 * stride)),
+        qb(static_cast<size_t>(kTileRows) * d),
+        block(static_cast<size_t>(kTileRows) * kOutStride, 0.f) {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (float& x : q) x = normal(rng);
+    for (uint16_t& x : k0) x = float_to_bf16(normal(rng));
+    for (uint16_t& x : k1) x = float_to_bf16(normal(rng));
+    keys[0] = {k0.data(), stride * 2, 16};
+    keys[1] = {k1.data(), stride * 2, 11};
+    for (int r = 0; r < kTileRows; ++r) rows[r] = q.data() + r * d;
+    cpu::bf16::pack_q(rows, d, qb.data());
+    cpu::bf16dot::scores(qb.data(), d, keys, 2, kTileRows, 0.125f, block.data(), kOutStride);
+  }
+};
+
 // Up to 8 rows the scores put keys in the lanes too (a quad of rows per key);
 // 9 to 16 put only rows there. A row's score is the same chain either way:
 // the same bits with 1 to 8 rows as in a block of 16, for both groups, the
@@ -323,28 +353,18 @@ TEST(Bf16DotUnit, PvFromVInPlaceHasTheBitsOfPackedV) {
 TEST(Bf16DotUnit, ScoresOfUpTo8RowsHaveTheBitsOfA16RowBlock) {
   if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
   std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.f, 1.f);
   for (const int32_t d : {64, 128, 256, 576}) {
     for (const int64_t stride : {int64_t{d}, int64_t{d} + 32}) {
-      std::vector<float> q(static_cast<size_t>(kTileRows) * d);
-      for (float& x : q) x = normal(rng);
-      std::vector<uint16_t> k0(static_cast<size_t>(16 * stride)), k1(static_cast<size_t>(16 * stride));
-      for (uint16_t& x : k0) x = float_to_bf16(normal(rng));
-      for (uint16_t& x : k1) x = float_to_bf16(normal(rng));
-      const cpu::bf16::KeyRows keys[2] = {{k0.data(), stride * 2, 16}, {k1.data(), stride * 2, 11}};
-      const float* all_rows[kTileRows];
-      for (int r = 0; r < kTileRows; ++r) all_rows[r] = q.data() + r * d;
-      std::vector<uint16_t> qb(static_cast<size_t>(kTileRows) * d);
-      cpu::bf16::pack_q(all_rows, d, qb.data());
-      constexpr int64_t out_stride = 32;
-      std::vector<float> block(static_cast<size_t>(kTileRows) * out_stride, 0.f);
-      cpu::bf16dot::scores(qb.data(), d, keys, 2, kTileRows, 0.125f, block.data(), out_stride);
+      const RandomKeyBlock b(rng, d, stride);
+      const auto& keys = b.keys;
+      const auto& block = b.block;
+      constexpr int64_t out_stride = RandomKeyBlock::kOutStride;
       for (const int32_t rows : {1, 2, 3, 4, 5, 7, 8}) {
         for (const int32_t groups : {1, 2}) {
           SCOPED_TRACE("d " + std::to_string(d) + ", stride " + std::to_string(stride) + ", rows " +
                        std::to_string(rows) + ", groups " + std::to_string(groups));
           const float* few_rows[kTileRows] = {};
-          for (int r = 0; r < rows; ++r) few_rows[r] = all_rows[r];
+          for (int r = 0; r < rows; ++r) few_rows[r] = b.rows[r];
           std::vector<uint16_t> qf(static_cast<size_t>(kTileRows) * d);
           cpu::bf16::pack_q(few_rows, d, qf.data());
           std::vector<float> few(static_cast<size_t>(kTileRows) * out_stride, 0.f);
@@ -368,26 +388,15 @@ TEST(Bf16DotUnit, ScoresOfUpTo8RowsHaveTheBitsOfA16RowBlock) {
 TEST(Bf16DotUnit, KeyMajorScoresAreTheBlocksScoresKeyByKey) {
   if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
   std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.f, 1.f);
   for (const int32_t d : {64, 128, 576}) {
     for (const int64_t stride : {int64_t{d}, int64_t{d} + 32}) {
       SCOPED_TRACE("d " + std::to_string(d) + ", stride " + std::to_string(stride));
-      std::vector<float> q(static_cast<size_t>(kTileRows) * d);
-      for (float& x : q) x = normal(rng);
-      std::vector<uint16_t> k0(static_cast<size_t>(16 * stride)), k1(static_cast<size_t>(16 * stride));
-      for (uint16_t& x : k0) x = float_to_bf16(normal(rng));
-      for (uint16_t& x : k1) x = float_to_bf16(normal(rng));
-      const cpu::bf16::KeyRows keys[2] = {{k0.data(), stride * 2, 16}, {k1.data(), stride * 2, 11}};
-      const float* rows[kTileRows];
-      for (int r = 0; r < kTileRows; ++r) rows[r] = q.data() + r * d;
-      std::vector<uint16_t> qb(static_cast<size_t>(kTileRows) * d);
-      cpu::bf16::pack_q(rows, d, qb.data());
-      constexpr int64_t out_stride = 32;
-      std::vector<float> row_major(static_cast<size_t>(kTileRows) * out_stride, 0.f);
-      cpu::bf16dot::scores(qb.data(), d, keys, 2, kTileRows, 0.125f, row_major.data(), out_stride);
+      const RandomKeyBlock b(rng, d, stride);
+      const std::vector<float>& row_major = b.block;
+      constexpr int64_t out_stride = RandomKeyBlock::kOutStride;
       constexpr float kUntouched = -7.f;
       std::vector<float> key_major(static_cast<size_t>(32) * kTileRows, kUntouched);
-      cpu::bf16dot::scores_by_key(qb.data(), d, keys, 2, 0.125f, key_major.data());
+      cpu::bf16dot::scores_by_key(b.qb.data(), d, b.keys, 2, 0.125f, key_major.data());
       for (int j = 0; j < 32; ++j) {
         for (int r = 0; r < kTileRows; ++r) {
           const float got = key_major[static_cast<size_t>(j * kTileRows + r)];

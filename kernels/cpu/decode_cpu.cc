@@ -856,9 +856,9 @@ HWY_INLINE void rows_to_bf16(const T* HWY_RESTRICT in, int64_t n, uint16_t* HWY_
 // i of a vector sum adds the keys j = i mod 16 in key order (a zero for each
 // key outside the row: exact), and the 16 lanes meet in sum_lanes's tree
 // (lanes i and i + 8, then i and i + 4, i and i + 2, 0 and 1); here sums[i]
-// adds the same keys for every row
-// at once and the 16 sums meet in the same pairs. Draft rows are compared bit
-// for bit with their single-step decodes, which take the row-major form.
+// adds the same keys for every row at once and the 16 sums meet in the same
+// pairs. Draft rows are compared bit for bit with their single-step decodes,
+// which take the row-major form.
 HWY_INLINE void softmax_keys(float* HWY_RESTRICT s, const int32_t* begin, const int32_t* end_of, int32_t live,
                              float soft_cap, SoftmaxStats<float>* stats, int64_t* first, int64_t* end) {
   const DF df;

@@ -48,9 +48,11 @@ void scores_packed(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t g
 
 // The scores of all 16 rows of packed q, key-major: out[16 (16 g + j) + r] =
 // scale * (q[r] . keys[g][j]) for j < keys[g].n (the bits scores() gives),
-// with no transpose: the rows are the lanes of the sums.
+// with no transpose: the rows are the lanes of the sums. With qb2, a second
+// block of 16 rows scores the same keys into out2 alike, each key's words
+// loaded once for both.
 void scores_by_key(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, float scale, float* out,
-                   Requests requests = {});
+                   Requests requests = {}, const uint16_t* qb2 = nullptr, float* out2 = nullptr);
 
 // acc[r * acc_stride + e] += sum over j of pa[r][j] * v[j][e] for r < rows (at
 // most 16) and e < dv, pa packed by bf16::pack_p (kRowMajor) or

@@ -994,8 +994,9 @@ struct DotUnit {
   static constexpr bool kKeyMajor = true;     // 9 to 16 rows: scores_by_key below
   static PrefetchLevel prefetch_level(const PrefetchLevels& levels) { return levels.bf16_dot; }
   static void scores_by_key(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, float scale,
-                            float* out, bf16::Requests requests) {
-    bf16dot::scores_by_key(qb, d, keys, groups, scale, out, requests);
+                            float* out, bf16::Requests requests, const uint16_t* qb2 = nullptr,
+                            float* out2 = nullptr) {
+    bf16dot::scores_by_key(qb, d, keys, groups, scale, out, requests, qb2, out2);
   }
   static void scores(const uint16_t* qb, int32_t d, const bf16::KeyRows* keys, int32_t groups, int32_t rows,
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
@@ -1132,10 +1133,15 @@ void partial_bf16_unit(const PartialTask& t) {
         float* out = scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens + (pos - base);
         if constexpr (Unit::kKeyMajor) {
           if (key_major(b)) {
-            Unit::scores_by_key(q_block, kD, groups, count, t.score_scale,
-                                scores + static_cast<int64_t>(b) * kTileRows * kSubBlockTokens +
-                                    kTileRows * (pos - base),
-                                requests);
+            // Two key-major blocks at once where there are two: each key's
+            // words then serve both.
+            const auto key_major_out = [&](int32_t block) {
+              return scores + static_cast<int64_t>(block) * kTileRows * kSubBlockTokens + kTileRows * (pos - base);
+            };
+            const bool pair = b + 1 < blocks && key_major(b + 1);
+            Unit::scores_by_key(q_block, kD, groups, count, t.score_scale, key_major_out(b), requests,
+                                pair ? q_block + kTileRows * kD : nullptr, pair ? key_major_out(b + 1) : nullptr);
+            if (pair) ++b;
             continue;
           }
         }

@@ -384,30 +384,47 @@ TEST(Bf16DotUnit, ScoresOfUpTo8RowsHaveTheBitsOfA16RowBlock) {
 
 // Blocks of 9 to 16 rows keep their scores key-major (scores_by_key): the
 // scores() of the same block, key by key, for both groups, the keys past a
-// short group's n left as they were.
+// short group's n left as they were; two blocks at once (the second q block
+// the first's rows in reverse order) each give what one alone does.
 TEST(Bf16DotUnit, KeyMajorScoresAreTheBlocksScoresKeyByKey) {
   if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
   std::mt19937 rng(11);
+  static constexpr float kUntouched = -7.f;
+  const auto expect_block = [](const std::vector<float>& key_major, const std::vector<float>& row_major,
+                               const char* which) {
+    SCOPED_TRACE(which);
+    for (int j = 0; j < 32; ++j) {
+      for (int r = 0; r < kTileRows; ++r) {
+        const float got = key_major[static_cast<size_t>(j * kTileRows + r)];
+        if (j >= 16 + 11) {
+          ASSERT_EQ(got, kUntouched) << "key " << j << " is past the second group's 11";
+          continue;
+        }
+        const float want = row_major[static_cast<size_t>(r * RandomKeyBlock::kOutStride + j)];
+        ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "row " << r << " key " << j;
+      }
+    }
+  };
   for (const int32_t d : {64, 128, 576}) {
     for (const int64_t stride : {int64_t{d}, int64_t{d} + 32}) {
       SCOPED_TRACE("d " + std::to_string(d) + ", stride " + std::to_string(stride));
       const RandomKeyBlock b(rng, d, stride);
-      const std::vector<float>& row_major = b.block;
-      constexpr int64_t out_stride = RandomKeyBlock::kOutStride;
-      constexpr float kUntouched = -7.f;
       std::vector<float> key_major(static_cast<size_t>(32) * kTileRows, kUntouched);
       cpu::bf16dot::scores_by_key(b.qb.data(), d, b.keys, 2, 0.125f, key_major.data());
-      for (int j = 0; j < 32; ++j) {
-        for (int r = 0; r < kTileRows; ++r) {
-          const float got = key_major[static_cast<size_t>(j * kTileRows + r)];
-          if (j >= 16 + 11) {
-            ASSERT_EQ(got, kUntouched) << "key " << j << " is past the second group's 11";
-            continue;
-          }
-          const float want = row_major[static_cast<size_t>(r * out_stride + j)];
-          ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "row " << r << " key " << j;
-        }
-      }
+      expect_block(key_major, b.block, "one block");
+
+      const float* reversed[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) reversed[r] = b.rows[kTileRows - 1 - r];
+      std::vector<uint16_t> qb2(b.qb.size());
+      cpu::bf16::pack_q(reversed, d, qb2.data());
+      std::vector<float> row_major2(b.block.size(), 0.f);
+      cpu::bf16dot::scores(qb2.data(), d, b.keys, 2, kTileRows, 0.125f, row_major2.data(),
+                           RandomKeyBlock::kOutStride);
+      std::vector<float> first(key_major.size(), kUntouched);
+      std::vector<float> second(key_major.size(), kUntouched);
+      cpu::bf16dot::scores_by_key(b.qb.data(), d, b.keys, 2, 0.125f, first.data(), {}, qb2.data(), second.data());
+      expect_block(first, b.block, "first of two blocks");
+      expect_block(second, row_major2, "second of two blocks");
     }
   }
 }

@@ -213,15 +213,15 @@ PAGODA_BF16_TARGET inline void scores_pairs(const uint16_t* qb, int32_t d, const
   }
 }
 
-// kRows rows of P.V over kVecs stretches of 16 output elements at a time:
-// kRows x kVecs accumulators, each packed V vector loaded once for the rows,
-// each row's pair of weights broadcast once for the stretches.
 // Where the pair of weights (row r, keys 2k and 2k + 1) sits in a packed P.
 template <PLayout kLayout>
 constexpr int64_t p_pair_offset(int r, int k) {
   return kLayout == PLayout::kRowMajor ? r * kPvKeys + 2 * k : k * kPvKeys + 2 * r;
 }
 
+// kRows rows of P.V over kVecs stretches of 16 output elements at a time:
+// kRows x kVecs accumulators, each packed V vector loaded once for the rows,
+// each row's pair of weights broadcast once for the stretches.
 template <int kRows, int kVecs, PLayout kLayout>
 PAGODA_BF16_TARGET inline void accumulate_rows(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
                                                int64_t acc_stride, bool first) {

@@ -36,6 +36,23 @@ PAGODA_BF16_TARGET void pack_q(const float* const* q, int32_t d, uint16_t* qb) {
   }
 }
 
+PAGODA_BF16_TARGET void pack_k(const uint16_t* k, int64_t stride, int32_t n, int32_t d, uint16_t* kb) {
+  // Each 16 pairs (64 bytes) of the 16 keys are a 16 x 16 block of 32-bit
+  // words: transposed, pair p of every key is one vector.
+  const auto* base = reinterpret_cast<const char*>(k);
+  for (int32_t c = 0; c < d / 32; ++c) {
+    __m512 rows[kTileRows];
+    for (int j = 0; j < kTileRows; ++j) {
+      rows[j] = j < n ? _mm512_loadu_ps(reinterpret_cast<const float*>(base + j * stride) + 16 * c)
+                      : _mm512_setzero_ps();
+    }
+    __m512 pairs[kTileRows];
+    transpose16(rows, pairs);
+    auto* out = reinterpret_cast<float*>(kb) + 16 * 16 * c;
+    for (int i = 0; i < kTileRows; ++i) _mm512_storeu_ps(out + 16 * i, pairs[i]);
+  }
+}
+
 PAGODA_BF16_TARGET void pack_v(const uint16_t* const* v, int32_t dv, uint16_t* vb, Requests requests) {
   Spread spread(requests, kPvKeys / 2);
   // 64-bit lanes of (unpacklo, unpackhi) that hold elements 0..15 and 16..31 of a

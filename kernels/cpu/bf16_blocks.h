@@ -51,6 +51,12 @@ bool cpu_has_avx512_bf16();
 // of d). d is a multiple of 32; qb holds 16 * d values.
 void pack_q(const float* const* q, int32_t d, uint16_t* qb);
 
+// Up to 16 bf16 key rows (`stride` bytes apart, the first n read, the others
+// zero) pair by pair, for bf16dot::scores_packed: kb[p][j][i] = k[j][2p + i],
+// pair p of the 16 keys the 64 bytes at kb + 32p (fp8tab::pack_k's layout).
+// d is a multiple of 32; kb holds 16 d values.
+void pack_k(const uint16_t* k, int64_t stride, int32_t n, int32_t d, uint16_t* kb);
+
 // 32 V rows (v[j] null: a zero row), interleaved in pairs of keys per 16
 // output elements: vb[t][k][e][i] = v[2k + i][16t + e]. dv is a multiple of 32;
 // vb holds 32 * dv values.

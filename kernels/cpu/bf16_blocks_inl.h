@@ -23,16 +23,14 @@
 
 namespace pagoda::cpu::bf16 {
 
-// rows[0..16) (16 floats each, 64-byte aligned) transposed in registers:
-// out[c][r] = in[r][c].
-PAGODA_BF16_TARGET inline void transpose16(const float* in, __m512 out[16]) {
+// 16 rows of 16 32-bit lanes transposed in registers: out[c][r] = rows[r][c].
+// Data movement only: any bits, not only floats, come through unchanged.
+PAGODA_BF16_TARGET inline void transpose16(const __m512 rows[16], __m512 out[16]) {
   __m512 a[16];
   __m512 b[16];
   for (int i = 0; i < 8; ++i) {
-    const __m512 r0 = _mm512_load_ps(in + 32 * i);
-    const __m512 r1 = _mm512_load_ps(in + 32 * i + 16);
-    a[2 * i] = _mm512_unpacklo_ps(r0, r1);
-    a[2 * i + 1] = _mm512_unpackhi_ps(r0, r1);
+    a[2 * i] = _mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]);
   }
   // b[4i + c], 128-bit lane L: column 4L + c of rows 4i .. 4i + 3.
   for (int i = 0; i < 4; ++i) {
@@ -56,6 +54,14 @@ PAGODA_BF16_TARGET inline void transpose16(const float* in, __m512 out[16]) {
     out[4 + c] = _mm512_shuffle_f32x4(e1, f1, 0x88);
     out[12 + c] = _mm512_shuffle_f32x4(e1, f1, 0xDD);
   }
+}
+
+// rows[0..16) (16 floats each, 64-byte aligned) transposed in registers:
+// out[c][r] = in[r][c].
+PAGODA_BF16_TARGET inline void transpose16(const float* in, __m512 out[16]) {
+  __m512 rows[16];
+  for (int r = 0; r < 16; ++r) rows[r] = _mm512_load_ps(in + 16 * r);
+  transpose16(rows, out);
 }
 
 // Issues `requests` in `steps` near-equal parts, one per tick().

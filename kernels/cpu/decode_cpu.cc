@@ -1097,7 +1097,7 @@ void partial_bf16_unit(const PartialTask& t) {
     // its per-key inserts and spreads (AMD Zen 5, 2 threads, e4m3, 8 x 4096
     // tokens: GQA 4 0.92-0.96x the time, GQA 8 0.94x); 16 rows keep rows in
     // the lanes, level either way; else as rows.
-    const bool packed_keys = Unit::kPackedKeys && !kBf16 && t.fp8_tables && rows <= 8;
+    const bool packed_keys = Unit::kPackedKeys && (kBf16 || t.fp8_tables) && rows <= 8;
     for (int64_t pos = span.begin; pos < span.end;) {
       bf16::KeyRows groups[2];
       int32_t count = 0;
@@ -1109,8 +1109,12 @@ void partial_bf16_unit(const PartialTask& t) {
         const uint16_t* k = reinterpret_cast<const uint16_t*>(run);
         uint16_t* pad = kpad + count * kTileRows * kD;
         if (packed_keys) {
-          fp8tab::pack_k(kFp8Format<T>, reinterpret_cast<const uint8_t*>(run), kD, static_cast<int32_t>(n), kD,
-                         pad);
+          if constexpr (kBf16) {
+            bf16::pack_k(k, kD * static_cast<int64_t>(sizeof(uint16_t)), static_cast<int32_t>(n), kD, pad);
+          } else {
+            fp8tab::pack_k(kFp8Format<T>, reinterpret_cast<const uint8_t*>(run), kD, static_cast<int32_t>(n), kD,
+                           pad);
+          }
           k = pad;
         } else if (n < kTileRows || !kBf16) {
           if constexpr (kBf16) {

@@ -346,73 +346,46 @@ struct RandomKeyBlock {
   }
 };
 
-// Up to 8 rows the scores put keys in the lanes too (a quad of rows per key);
-// 9 to 16 put only rows there. A row's score is the same chain either way:
-// the same bits with 1 to 8 rows as in a block of 16, for both groups, the
-// cache's stride and a run-time one.
+// Up to 8 rows the scores put keys in the lanes too (a quad of rows per key),
+// or score keys packed pair by pair (bf16::pack_k, then scores_packed, the
+// short group's missing keys packed as zeros); 9 to 16 put only rows in the
+// lanes. A row's score is the same chain in every form: the same bits with 1
+// to 8 rows as in a block of 16, for both groups, the cache's stride and a
+// run-time one.
 TEST(Bf16DotUnit, ScoresOfUpTo8RowsHaveTheBitsOfA16RowBlock) {
   if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
   std::mt19937 rng(7);
   for (const int32_t d : {64, 128, 256, 576}) {
     for (const int64_t stride : {int64_t{d}, int64_t{d} + 32}) {
       const RandomKeyBlock b(rng, d, stride);
-      const auto& keys = b.keys;
-      const auto& block = b.block;
       constexpr int64_t out_stride = RandomKeyBlock::kOutStride;
-      for (const int32_t rows : {1, 2, 3, 4, 5, 7, 8}) {
-        for (const int32_t groups : {1, 2}) {
-          SCOPED_TRACE("d " + std::to_string(d) + ", stride " + std::to_string(stride) + ", rows " +
-                       std::to_string(rows) + ", groups " + std::to_string(groups));
-          const float* few_rows[kTileRows] = {};
-          for (int r = 0; r < rows; ++r) few_rows[r] = b.rows[r];
-          std::vector<uint16_t> qf(static_cast<size_t>(kTileRows) * d);
-          cpu::bf16::pack_q(few_rows, d, qf.data());
-          std::vector<float> few(static_cast<size_t>(kTileRows) * out_stride, 0.f);
-          cpu::bf16dot::scores(qf.data(), d, keys, groups, rows, 0.125f, few.data(), out_stride);
-          for (int r = 0; r < rows; ++r) {
-            for (int j = 0; j < 16 + (groups == 2 ? 11 : 0); ++j) {
-              const size_t i = static_cast<size_t>(r * out_stride + j);
-              ASSERT_EQ(std::memcmp(&few[i], &block[i], sizeof(float)), 0)
-                  << "row " << r << " key " << j << ": " << few[i] << " against " << block[i];
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
-// Up to 8 rows of a bf16 cache score keys packed pair by pair (bf16::pack_k,
-// then scores_packed): the bits of the 16-row block's scores, for both
-// groups (the second short: its missing keys packed as zeros), the cache's
-// stride and a run-time one.
-TEST(Bf16DotUnit, PackedBf16KeysScoreWithTheBitsOfKeysWhereTheyLie) {
-  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
-  std::mt19937 rng(19);
-  for (const int32_t d : {64, 128, 576}) {
-    for (const int64_t stride : {int64_t{d}, int64_t{d} + 32}) {
-      const RandomKeyBlock b(rng, d, stride);
       std::vector<uint16_t> kb0(static_cast<size_t>(kTileRows) * d), kb1(static_cast<size_t>(kTileRows) * d);
       cpu::bf16::pack_k(b.k0.data(), stride * 2, 16, d, kb0.data());
       cpu::bf16::pack_k(b.k1.data(), stride * 2, 11, d, kb1.data());
       const cpu::bf16::KeyRows packed[2] = {{kb0.data(), 2 * static_cast<int64_t>(d), 16},
                                             {kb1.data(), 2 * static_cast<int64_t>(d), 11}};
-      for (const int32_t rows : {1, 3, 4, 5, 8}) {
+      for (const int32_t rows : {1, 2, 3, 4, 5, 7, 8}) {
         for (const int32_t groups : {1, 2}) {
-          SCOPED_TRACE("d " + std::to_string(d) + ", stride " + std::to_string(stride) + ", rows " +
-                       std::to_string(rows) + ", groups " + std::to_string(groups));
           const float* few_rows[kTileRows] = {};
           for (int r = 0; r < rows; ++r) few_rows[r] = b.rows[r];
           std::vector<uint16_t> qf(static_cast<size_t>(kTileRows) * d);
           cpu::bf16::pack_q(few_rows, d, qf.data());
-          std::vector<float> few(static_cast<size_t>(kTileRows) * RandomKeyBlock::kOutStride, 0.f);
-          cpu::bf16dot::scores_packed(qf.data(), d, packed, groups, rows, 0.125f, few.data(),
-                                      RandomKeyBlock::kOutStride);
-          for (int r = 0; r < rows; ++r) {
-            for (int j = 0; j < 16 + (groups == 2 ? 11 : 0); ++j) {
-              const size_t i = static_cast<size_t>(r * RandomKeyBlock::kOutStride + j);
-              ASSERT_EQ(std::memcmp(&few[i], &b.block[i], sizeof(float)), 0)
-                  << "row " << r << " key " << j << ": " << few[i] << " against " << b.block[i];
+          for (const bool pairs : {false, true}) {
+            SCOPED_TRACE("d " + std::to_string(d) + ", stride " + std::to_string(stride) + ", rows " +
+                         std::to_string(rows) + ", groups " + std::to_string(groups) +
+                         (pairs ? ", keys packed pair by pair" : ", keys in place"));
+            std::vector<float> few(static_cast<size_t>(kTileRows) * out_stride, 0.f);
+            if (pairs) {
+              cpu::bf16dot::scores_packed(qf.data(), d, packed, groups, rows, 0.125f, few.data(), out_stride);
+            } else {
+              cpu::bf16dot::scores(qf.data(), d, b.keys, groups, rows, 0.125f, few.data(), out_stride);
+            }
+            for (int r = 0; r < rows; ++r) {
+              for (int j = 0; j < 16 + (groups == 2 ? 11 : 0); ++j) {
+                const size_t i = static_cast<size_t>(r * out_stride + j);
+                ASSERT_EQ(std::memcmp(&few[i], &b.block[i], sizeof(float)), 0)
+                    << "row " << r << " key " << j << ": " << few[i] << " against " << b.block[i];
+              }
             }
           }
         }

@@ -9,11 +9,12 @@
 // Lanes. Scores of 9 to 16 rows put the rows in the lanes: pair p of q for 16
 // rows is one vector of the packed q, each key's pair p a 32-bit broadcast
 // from the cache row where it lies, so K is neither converted nor rearranged
-// and there is no horizontal sum. Up to 8 rows put keys in the lanes too: a
-// 128-bit lane per key, a quad of rows in its words, the key's pairs inserted
-// from its row and spread over the lane one at a time; or, where the keys
-// are fp8 and widened anyway, 16 keys in the lanes, each key's pair p packed
-// in its word (fp8tab::pack_k), against a row's q pair broadcast. P.V puts
+// and there is no horizontal sum. Up to 8 rows put keys in the lanes too: 16
+// keys, each key's pair p packed in its word (bf16::pack_k, or for fp8
+// fp8tab::pack_k, which widens as it packs), against a row's q pair
+// broadcast; or, where fp8 has no byte tables, a 128-bit lane per key, a quad
+// of rows in its words, the key's pairs inserted from its row and spread over
+// the lane one at a time. P.V puts
 // 16 output elements in the lanes: a vector of packed V (two keys x 16
 // elements) against a row's two weights broadcast.
 //

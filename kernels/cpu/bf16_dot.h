@@ -14,9 +14,8 @@
 // fp8tab::pack_k, which widens as it packs), against a row's q pair
 // broadcast; or, where fp8 has no byte tables, a 128-bit lane per key, a quad
 // of rows in its words, the key's pairs inserted from its row and spread over
-// the lane one at a time. P.V puts
-// 16 output elements in the lanes: a vector of packed V (two keys x 16
-// elements) against a row's two weights broadcast.
+// the lane one at a time. P.V puts 16 output elements in the lanes: a vector
+// of packed V (two keys x 16 elements) against a row's two weights broadcast.
 //
 // Bits: every output element is one chain over its reduced dimension, pair
 // after pair in order, whatever the other rows, keys or lanes hold, so a row

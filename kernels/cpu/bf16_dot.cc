@@ -47,59 +47,41 @@ PAGODA_BF16_TARGET inline void with_key_stride(int32_t d, const KeyRows* keys, i
   fn(std::integral_constant<int64_t, 0>());
 }
 
-// Scores of 9 to 16 rows, the rows in the lanes of 512-bit vectors:
-// st[j][r] = scale * (q[r] . key j) for the first n keys of `keys`, 16
-// independent chains covering VDPBF16PS's latency. kStride as
-// with_key_stride gives it.
-template <int64_t kStride>
-PAGODA_BF16_TARGET inline void scores_transposed(const uint16_t* qb, int32_t d, const KeyRows& keys, __m512 scale,
-                                                int32_t n, float* st, Spread& spread) {
-  const auto* k = reinterpret_cast<const char*>(keys.k);
+// Scores of 9 to 16 rows, the rows in the lanes of 512-bit vectors, for
+// kBlocks blocks of 16 rows against the same keys: st[b][j][r] = scale *
+// (q_b[r] . key j) for the first n keys of `keys`. One block takes its 16
+// keys at once, 16 independent chains covering VDPBF16PS's latency; two
+// blocks (32 rows: GQA 8 with four query rows, latent attention's 32 heads)
+// take eight keys at a time, each key's broadcast pair feeding both blocks'
+// q: one load for two dot products where one block spends one on each (a
+// score loop on keys in L1 on AMD Zen 5: 7.3 against 6.65 G dot products a
+// second, the unit's peak about 7.1). Each score is the same chain, pair
+// after pair, either way (the same bits). kStride as with_key_stride gives it.
+template <int kBlocks, int64_t kStride>
+PAGODA_BF16_TARGET inline void scores_transposed(const uint16_t* const* qb, int32_t d, const KeyRows& keys,
+                                                __m512 scale, int32_t n, float* const* st, Spread& spread) {
+  constexpr int kKeys = kTileRows / kBlocks;
+  constexpr int32_t kTickPairs = 16 * kBlocks;  // d / 32 ticks over all the passes
   const int64_t stride = kStride > 0 ? kStride : keys.stride;
-  __m512 acc[kTileRows];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  for (int32_t p = 0; p < d / 2; ++p, k += 4) {
-    // One load of the q pair serves the 16 keys (hoisted out of the loop).
-    const __m512bh q = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb + 32 * p));
-    for (int j = 0; j < kTileRows; ++j) {
-      acc[j] = _mm512_dpbf16_ps(acc[j], q, reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_at(k + j * stride))));
-    }
-    if ((p & 15) == 15) spread.tick();
-  }
-  for (int j = 0; j < n; ++j) _mm512_storeu_ps(st + kTileRows * j, _mm512_mul_ps(acc[j], scale));
-}
-
-// Two blocks of 16 rows (32 rows: GQA 8 with four query rows, latent
-// attention's 32 heads) against the same keys, eight keys at a time: each
-// key's broadcast pair feeds both blocks' q, one load for two dot products
-// where the one-block form loads one for each (a score loop on keys in L1 on
-// AMD Zen 5: 7.3 against 6.65 G dot products a second, the unit's peak about
-// 7.1). Each score is the same chain as there (the same bits).
-template <int64_t kStride>
-PAGODA_BF16_TARGET inline void scores_transposed2(const uint16_t* qb0, const uint16_t* qb1, int32_t d,
-                                                 const KeyRows& keys, __m512 scale, int32_t n, float* st0, float* st1,
-                                                 Spread& spread) {
-  constexpr int kHalf = kTileRows / 2;
-  const int64_t stride = kStride > 0 ? kStride : keys.stride;
-  for (int h = 0; h < 2; ++h) {
-    const auto* k = reinterpret_cast<const char*>(keys.k) + h * kHalf * stride;
-    __m512 acc0[kHalf];
-    __m512 acc1[kHalf];
-    for (auto& a : acc0) a = _mm512_setzero_ps();
-    for (auto& a : acc1) a = _mm512_setzero_ps();
+  for (int h = 0; h < kBlocks; ++h) {
+    const auto* k = reinterpret_cast<const char*>(keys.k) + h * kKeys * stride;
+    __m512 acc[kBlocks][kKeys];
+    for (auto& block : acc)
+      for (auto& a : block) a = _mm512_setzero_ps();
     for (int32_t p = 0; p < d / 2; ++p, k += 4) {
-      const __m512bh q0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb0 + 32 * p));
-      const __m512bh q1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb1 + 32 * p));
-      for (int j = 0; j < kHalf; ++j) {
+      // One load of each block's q pair serves the keys (hoisted out of the loop).
+      __m512bh q[kBlocks];
+      for (int b = 0; b < kBlocks; ++b) q[b] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb[b] + 32 * p));
+      for (int j = 0; j < kKeys; ++j) {
         const __m512bh key = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_at(k + j * stride)));
-        acc0[j] = _mm512_dpbf16_ps(acc0[j], q0, key);
-        acc1[j] = _mm512_dpbf16_ps(acc1[j], q1, key);
+        for (int b = 0; b < kBlocks; ++b) acc[b][j] = _mm512_dpbf16_ps(acc[b][j], q[b], key);
       }
-      if ((p & 31) == 31) spread.tick();  // the one-block form's ticks, over the two halves
+      if (p % kTickPairs == kTickPairs - 1) spread.tick();
     }
-    for (int j = 0; j < kHalf && h * kHalf + j < n; ++j) {
-      _mm512_storeu_ps(st0 + kTileRows * (h * kHalf + j), _mm512_mul_ps(acc0[j], scale));
-      _mm512_storeu_ps(st1 + kTileRows * (h * kHalf + j), _mm512_mul_ps(acc1[j], scale));
+    for (int j = 0; j < kKeys && h * kKeys + j < n; ++j) {
+      for (int b = 0; b < kBlocks; ++b) {
+        _mm512_storeu_ps(st[b] + kTileRows * (h * kKeys + j), _mm512_mul_ps(acc[b][j], scale));
+      }
     }
   }
 }
@@ -366,7 +348,8 @@ PAGODA_BF16_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* key
   alignas(64) float st[kTileRows * kTileRows];  // [key][row]
   for (int32_t gi = 0; gi < groups; ++gi) {
     with_key_stride(d, keys + gi, 1, [&](auto stride) PAGODA_BF16_TARGET {
-      scores_transposed<decltype(stride)::value>(qb, d, keys[gi], vs, kTileRows, st, spread);
+      float* const into[1] = {st};
+      scores_transposed<1, decltype(stride)::value>(&qb, d, keys[gi], vs, kTileRows, into, spread);
     });
     __m512 s[kTileRows];
     bf16::transpose16(st, s);
@@ -382,14 +365,12 @@ PAGODA_BF16_TARGET void scores_by_key(const uint16_t* qb, int32_t d, const KeyRo
   Spread spread(requests, groups * (d / 32 + 1));
   const __m512 vs = _mm512_set1_ps(scale);
   for (int32_t gi = 0; gi < groups; ++gi) {
-    float* o = out + gi * kTileRows * kTileRows;
+    const uint16_t* const q[2] = {qb, qb2};
+    float* const o[2] = {out + gi * kTileRows * kTileRows, qb2 ? out2 + gi * kTileRows * kTileRows : nullptr};
     with_key_stride(d, keys + gi, 1, [&](auto stride) PAGODA_BF16_TARGET {
       constexpr int64_t kStride = decltype(stride)::value;
-      if (qb2 != nullptr) {
-        return scores_transposed2<kStride>(qb, qb2, d, keys[gi], vs, keys[gi].n, o,
-                                           out2 + gi * kTileRows * kTileRows, spread);
-      }
-      scores_transposed<kStride>(qb, d, keys[gi], vs, keys[gi].n, o, spread);
+      if (qb2 != nullptr) return scores_transposed<2, kStride>(q, d, keys[gi], vs, keys[gi].n, o, spread);
+      scores_transposed<1, kStride>(q, d, keys[gi], vs, keys[gi].n, o, spread);
     });
     spread.tick();
   }

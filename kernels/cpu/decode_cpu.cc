@@ -864,19 +864,29 @@ HWY_INLINE void softmax_keys(float* HWY_RESTRICT s, const int32_t* begin, const 
   const DF df;
   const hn::RebindToSigned<DF> di;
   static_assert(hn::MaxLanes(DF()) == bf16::kTileRows, "a row per lane");
+  // Per row its keys (none: 0, 0) and whether it has any; over the rows that
+  // do, the keys any of them attends [j0, j1) and those all attend
+  // [all_lo, all_hi).
   alignas(64) int32_t lo[bf16::kTileRows];
   alignas(64) int32_t hi[bf16::kTileRows];
+  alignas(64) int32_t attends[bf16::kTileRows];
   int32_t j0 = kSubBlockTokens;
   int32_t j1 = 0;
+  int32_t all_lo = 0;
+  int32_t all_hi = kSubBlockTokens;
   for (int32_t r = 0; r < bf16::kTileRows; ++r) {
-    const bool attends = r < live && begin[r] < end_of[r];
-    lo[r] = attends ? begin[r] : 0;
-    hi[r] = attends ? end_of[r] : 0;
-    if (attends) {
+    const bool has_keys = r < live && begin[r] < end_of[r];
+    lo[r] = has_keys ? begin[r] : 0;
+    hi[r] = has_keys ? end_of[r] : 0;
+    attends[r] = has_keys ? -1 : 0;
+    if (has_keys) {
       j0 = std::min(j0, begin[r]);
       j1 = std::max(j1, end_of[r]);
+      all_lo = std::max(all_lo, begin[r]);
+      all_hi = std::min(all_hi, end_of[r]);
     }
   }
+  all_hi = std::max(all_hi, all_lo);
   *first = j0 / bf16::kTileRows * bf16::kTileRows;
   *end = j0 < j1 ? (j1 + bf16::kTileRows - 1) / bf16::kTileRows * bf16::kTileRows : *first;
   for (int32_t r = 0; r < live; ++r) stats[r] = {};
@@ -897,17 +907,6 @@ HWY_INLINE void softmax_keys(float* HWY_RESTRICT s, const int32_t* begin, const 
   }
   // Keys every attending row attends take one fixed mask, the edges each
   // key's own: the mask tests are the loops' cost.
-  int32_t all_lo = 0;
-  int32_t all_hi = kSubBlockTokens;
-  alignas(64) int32_t attends[bf16::kTileRows];
-  for (int32_t r = 0; r < bf16::kTileRows; ++r) {
-    attends[r] = lo[r] < hi[r] ? -1 : 0;
-    if (attends[r] != 0) {
-      all_lo = std::max(all_lo, lo[r]);
-      all_hi = std::min(all_hi, hi[r]);
-    }
-  }
-  all_hi = std::max(all_hi, all_lo);
   const auto every = hn::RebindMask(df, hn::Ne(hn::Load(di, attends), hn::Zero(di)));
   const VF ninf = hn::Set(df, neg_inf<float>());
   VF vmax = ninf;
@@ -982,8 +981,9 @@ struct AmxUnit {
                      float scale, float* out, int64_t out_stride, bf16::Requests requests) {
     amx::scores(qb, d, keys, groups, rows, scale, out, out_stride, requests);
   }
+  // Its blocks are never key-major: P is always row-major here.
   static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride,
-                         int32_t /*rows*/, bool first) {
+                         int32_t /*rows*/, bool first, bf16::PLayout /*layout*/) {
     amx::accumulate(pa, vb, dv, acc, acc_stride, first);
   }
 };
@@ -1007,7 +1007,7 @@ struct DotUnit {
     bf16dot::scores_packed(qb, d, keys, groups, rows, scale, out, out_stride, requests);
   }
   static void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride,
-                         int32_t rows, bool first, bf16::PLayout layout = bf16::PLayout::kRowMajor) {
+                         int32_t rows, bool first, bf16::PLayout layout) {
     bf16dot::accumulate(pa, vb, dv, acc, acc_stride, rows, first, layout);
   }
 };
@@ -1256,15 +1256,8 @@ void partial_bf16_unit(const PartialTask& t) {
       for (int32_t b = 0; b < blocks; ++b) {
         const int32_t live = std::min(kTileRows, rows - b * kTileRows);
         if (!pack_weights(b, live, g0)) continue;
-        float* acc = sub_acc + static_cast<int64_t>(b) * kTileRows * kDv;
-        if constexpr (Unit::kKeyMajor) {
-          if (key_major(b)) {
-            Unit::accumulate(pa, vb, kDv, acc, kDv, live, !started[b], bf16::PLayout::kPairMajor);
-            started[b] = true;
-            continue;
-          }
-        }
-        Unit::accumulate(pa, vb, kDv, acc, kDv, live, !started[b]);
+        Unit::accumulate(pa, vb, kDv, sub_acc + static_cast<int64_t>(b) * kTileRows * kDv, kDv, live, !started[b],
+                         key_major(b) ? bf16::PLayout::kPairMajor : bf16::PLayout::kRowMajor);
         started[b] = true;
       }
       prefetch.catch_up();

@@ -21,7 +21,7 @@ class MetricsPrivacyTest : public ::testing::Test {
   void TearDown() override {
     if (server_) server_->shutdown(0);
     std::error_code ignored;
-    fs::remove(dir(), ignored);
+    fs::remove_all(dir(), ignored);
   }
   static fs::path dir() {
     return fs::temp_directory_path() / ("pagoda-metrics-privacy-" + std::to_string(::getpid()) + "-" +

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <string>
 
+#include <unistd.h>
+
 #include "app/server_config.h"
 
 namespace pagoda {
@@ -20,12 +22,22 @@ StatusOr<EffectiveConfig> resolve_with(const std::string& dtype, const std::stri
   return resolve_config(c);
 }
 
-std::string scales_file(const std::string& text) {
-  const std::string path = ::testing::TempDir() + "kv_scales_" +
-                           std::to_string(std::hash<std::string>{}(text)) + ".txt";
-  std::ofstream(path) << text;
-  return path;
-}
+// A --kv-scales file holding `text`, removed when the test is done with it.
+class ScalesFile {
+ public:
+  explicit ScalesFile(const std::string& text)
+      : path_(::testing::TempDir() + "kv_scales_" + std::to_string(::getpid()) + "_" +
+              std::to_string(std::hash<std::string>{}(text)) + ".txt") {
+    std::ofstream(path_) << text;
+  }
+  ~ScalesFile() { std::remove(path_.c_str()); }
+  ScalesFile(const ScalesFile&) = delete;
+  ScalesFile& operator=(const ScalesFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 void expect_refused(const StatusOr<EffectiveConfig>& r, const std::string& message) {
   ASSERT_FALSE(r.ok());
@@ -73,8 +85,8 @@ TEST(ServerConfig, KvScalesAsOnePairForEveryLayer) {
 }
 
 TEST(ServerConfig, KvScalesFromAFileOfLayerLines) {
-  const std::string good = scales_file("# layer k v\n0 0.5 0.25\n\n2 1 1  # last\n1 2 4\n");
-  auto r = resolve_with("fp8_e5m2", good);
+  const ScalesFile good("# layer k v\n0 0.5 0.25\n\n2 1 1  # last\n1 2 4\n");
+  auto r = resolve_with("fp8_e5m2", good.path());
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->kv_scales[0].k, 0.5f);
   EXPECT_EQ(r->kv_scales[0].v, 0.25f);
@@ -82,21 +94,22 @@ TEST(ServerConfig, KvScalesFromAFileOfLayerLines) {
   EXPECT_EQ(r->kv_scales[1].v, 4.f);
   EXPECT_EQ(r->kv_scales[2].k, 1.f);
 
-  const std::string missing = scales_file("0 1 1\n2 1 1\n");
-  expect_refused(resolve_with("fp8_e5m2", missing), "--kv-scales: expected a line for every layer of 3 in '" +
-                                                        missing + "', received none for layer 1");
-  const std::string repeated = scales_file("0 1 1\n1 1 1\n1 2 2\n2 1 1\n");
-  expect_refused(resolve_with("fp8_e5m2", repeated),
-                 "--kv-scales: expected each layer once (" + repeated + ":3), received layer 1 again");
-  const std::string range = scales_file("0 1 1\n3 1 1\n");
-  expect_refused(resolve_with("fp8_e5m2", range),
-                 "--kv-scales: expected a layer in [0, 3) (" + range + ":2), received 3");
-  const std::string malformed = scales_file("0 1\n");
-  expect_refused(resolve_with("fp8_e5m2", malformed),
-                 "--kv-scales: expected 'layer k_scale v_scale' (" + malformed + ":1), received '0 1'");
-  const std::string zero = scales_file("0 1 1\n1 0 1\n2 1 1\n");
-  expect_refused(resolve_with("fp8_e5m2", zero),
-                 "--kv-scales: expected finite scales > 0 (" + zero + ":2), received 0");
+  const ScalesFile missing("0 1 1\n2 1 1\n");
+  expect_refused(resolve_with("fp8_e5m2", missing.path()),
+                 "--kv-scales: expected a line for every layer of 3 in '" + missing.path() +
+                     "', received none for layer 1");
+  const ScalesFile repeated("0 1 1\n1 1 1\n1 2 2\n2 1 1\n");
+  expect_refused(resolve_with("fp8_e5m2", repeated.path()),
+                 "--kv-scales: expected each layer once (" + repeated.path() + ":3), received layer 1 again");
+  const ScalesFile range("0 1 1\n3 1 1\n");
+  expect_refused(resolve_with("fp8_e5m2", range.path()),
+                 "--kv-scales: expected a layer in [0, 3) (" + range.path() + ":2), received 3");
+  const ScalesFile malformed("0 1\n");
+  expect_refused(resolve_with("fp8_e5m2", malformed.path()),
+                 "--kv-scales: expected 'layer k_scale v_scale' (" + malformed.path() + ":1), received '0 1'");
+  const ScalesFile zero("0 1 1\n1 0 1\n2 1 1\n");
+  expect_refused(resolve_with("fp8_e5m2", zero.path()),
+                 "--kv-scales: expected finite scales > 0 (" + zero.path() + ":2), received 0");
   expect_refused(resolve_with("fp8_e5m2", "/nonexistent/scales.txt"),
                  "--kv-scales: expected 'K,V' or a readable file of 'layer k_scale v_scale' lines, received "
                  "'/nonexistent/scales.txt' (not readable)");

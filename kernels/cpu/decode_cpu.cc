@@ -71,9 +71,10 @@ constexpr int score_tokens(int rows) {
 }
 // AVX2's P.V likewise holds 4 rows x 3 vectors, the last step of a row 1 or 2
 // (head_dim 64: 3 + 3 + 2): 12 chains where 8 left no slack (AMD Zen 5, fp16
-// GQA 4, one query row: head_dim 64 0.92x the time at 8 x 4096 tokens on 2
-// threads and 0.94x on one, cache-resident; head_dim 128 0.98x, GQA 8 0.95x,
-// four query rows 0.98x, e4m3 level).
+// GQA 4, one query row, 8 x 4096 tokens on 2 threads: head_dim 64 0.92x the
+// time, 128 0.98x, GQA 8 0.95x; one thread on a quiet core, K/V in L3:
+// head_dim 64 0.97x, 256 0.96x, latent attention 0.95x; four query rows and
+// e4m3 level). Splitting a step of one vector into two of two measured level.
 constexpr int pv_vectors(int rows) { return !kWideTarget && rows == 4 ? 3 : kAccumulators / rows; }
 
 // One vector of a row, as fp32: converted in registers for a 16- or 8-bit

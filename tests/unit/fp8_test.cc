@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -239,6 +240,80 @@ TEST_P(Fp8KernelReads, NanCodeInALongBlockIsReadATileAtATime) {
   }
   for (size_t h = 0; h < want.lse.size(); ++h) {
     EXPECT_NEAR(got.lse[h], want.lse[h], 1e-4 + (tiles ? tile_score_error(want, h) : 0.0)) << "head " << h;
+  }
+}
+
+// The FMA kernels read an fp8 cache as the fp16 values of its codes (AVX2 through
+// a tile of those fp16 values, AVX-512 in place or through an fp32 tile), in the
+// same chains as an fp16 cache: so an fp8 cache gives the bits an fp16 cache
+// holding the same values gives. Groups of 4 and 3 (blocks of 4, and of 2 + 1),
+// one and four query rows, blocks of 16 and 3 tokens, every finite code (the
+// NaN code's reads are the two tests above).
+//
+// e4m3 reads 2^-8 of each value (fp8_read_factor), so a P.V sum that cancels
+// down near fp32's subnormals (V's few-bit values, both signs) rounds there on
+// a grid 2^8 coarser: such elements (the test meets a few, around 1e-41, off
+// by about 2^-142) are held to 2^-130 instead of bit for bit.
+TEST_P(Fp8KernelReads, AnFp8CacheGivesTheBitsOfAnFp16CacheOfItsValues) {
+  constexpr float kNormalEnough = 0x1p-100f;
+  constexpr float kSubnormalSlack = 0x1p-130f;
+  if (std::string(GetParam().target) == "best") GTEST_SKIP() << "best may give fp8 to the dot products";
+  const DType t = GetParam().format;
+  std::vector<float> values;  // every finite code's value
+  for (int c = 0; c < 256; ++c) {
+    const float x = fp8_to_float(static_cast<uint8_t>(c), t);
+    if (std::isfinite(x)) values.push_back(x);
+  }
+  for (const int32_t q_heads : {8, 6}) {
+    for (const int32_t block_size : {16, 3}) {
+      SCOPED_TRACE(fmt::format("{} q heads, block {}", q_heads, block_size));
+      CacheGeometry g;
+      g.num_layers = 1;
+      g.num_kv_heads = 2;
+      g.num_q_heads = q_heads;
+      g.head_dim = 128;
+      g.block_size = block_size;
+      g.num_blocks = 512;
+      g.dtype = t;
+      CacheGeometry g16 = g;
+      g16.dtype = DType::kFloat16;
+      CacheFixture f8(FixtureOptions(g, 1, 11));
+      CacheFixture f16(FixtureOptions(g16, 1, 11));
+      const std::vector<int32_t> lengths = {40, 300, 7};
+      std::uniform_int_distribution<size_t> pick(0, values.size() - 1);
+      std::vector<SequenceId> ids8, ids16;
+      for (const int32_t n : lengths) {
+        const size_t count = static_cast<size_t>(n) * g.num_kv_heads * g.head_dim;
+        std::vector<float> k(count), v(count);
+        for (size_t i = 0; i < count; ++i) {
+          k[i] = values[pick(f8.rng())];
+          v[i] = values[pick(f8.rng())];
+        }
+        ids8.push_back(f8.cache().create(fmt::format("s{}", ids8.size())));
+        ids16.push_back(f16.cache().create(fmt::format("s{}", ids16.size())));
+        f8.append_rows(ids8.back(), 0, n, k, v);
+        f16.append_rows(ids16.back(), 0, n, k, v);
+      }
+      for (const int32_t q_len : {1, 4}) {
+        SCOPED_TRACE(fmt::format("q_len {}", q_len));
+        CacheFixture::Variant rows;
+        rows.q_lengths.assign(lengths.size(), q_len);
+        const CacheFixture::Queries q =
+            f8.random_queries(static_cast<int32_t>(lengths.size()) * q_len, DType::kFloat32);
+        const auto got = f8.decode(0, ids8, q, 0.088f, SplitMode::kDeterministic, 64, rows);
+        const auto want = f16.decode(0, ids16, q, 0.088f, SplitMode::kDeterministic, 64, rows);
+        ASSERT_EQ(got.out.size(), want.out.size());
+        for (size_t i = 0; i < got.out.size(); ++i) {
+          if (std::abs(want.out[i]) >= kNormalEnough) {
+            ASSERT_EQ(std::memcmp(&got.out[i], &want.out[i], sizeof(float)), 0)
+                << "element " << i << ": " << got.out[i] << " against " << want.out[i];
+          } else {
+            ASSERT_NEAR(got.out[i], want.out[i], kSubnormalSlack) << "element " << i;
+          }
+        }
+        EXPECT_EQ(std::memcmp(got.lse.data(), want.lse.data(), got.lse.size() * sizeof(float)), 0);
+      }
+    }
   }
 }
 

@@ -804,7 +804,8 @@ void partial_impl(const PartialTask& t) {
     // Pass 1: every row's scores over the sub-block's keys, a stretch at a
     // time: rows read in place (direct: one run, or with kRowPointers the runs
     // that follow it), or one tile (shared by several row blocks, or holding an
-    // e4m3 NaN code), one call per row block.
+    // e4m3 NaN code; on AVX2 an fp8 cache's direct rows as fp16), one call per
+    // row block.
     for (int64_t pos = span.begin; pos < span.end;) {
       int64_t n = direct_k && !kHalfTile<T> ? in_place_stretch<T, kD>(k_src, pos, span.end, row_ptr, &first_row) : 0;
       const bool in_place = n > 0;

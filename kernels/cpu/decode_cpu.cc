@@ -165,6 +165,7 @@ HWY_INLINE bool readable_in_place(const void* rows, int64_t n) {
 // measured 7-9% slower gathered.
 template <typename T>
 struct RunRows {
+  using Element = T;
   static constexpr bool kStretch = false;
   const T* HWY_RESTRICT first;
   int64_t stride;
@@ -172,6 +173,7 @@ struct RunRows {
 };
 template <typename T>
 struct PointerRows {
+  using Element = T;
   static constexpr bool kStretch = true;
   const void* const* HWY_RESTRICT rows;
   HWY_INLINE const T* operator[](int64_t t) const { return static_cast<const T*>(rows[t]); }
@@ -796,6 +798,41 @@ void partial_impl(const PartialTask& t) {
       return RunRows<InPlace<T>>{static_cast<const InPlace<T>*>(first_row), kD};
     }
   };
+  // Where a stretch is read from: in place, the tile, or (kHalfTile) the
+  // tile's fp16 half.
+  enum class From { kInPlace, kTile, kHalfTile };
+  // Loads the stretch of rows from `pos` (the first kWidth elements of each):
+  // in place where `direct` allows and its run can be, else into a tile.
+  // Returns its rows and where they are.
+  const auto load_stretch = [&](const PoolRows& src, int64_t pos, int64_t end, bool direct, auto width,
+                                From* from) {
+    constexpr int kWidth = decltype(width)::value;
+    if (direct && !kHalfTile<T>) {
+      const int64_t n = in_place_stretch<T, kD>(src, pos, end, row_ptr, &first_row);
+      *from = From::kInPlace;
+      if (n > 0) return n;
+    }
+    const int64_t n = std::min(kTile, end - pos);
+    if constexpr (kHalfTile<T>) {
+      if (direct) {
+        *from = From::kHalfTile;
+        load_tile_half<T, kWidth, kD>(src, pos, n, half_tile);
+        return n;
+      }
+    }
+    *from = From::kTile;
+    load_tile<T, kWidth, kD>(src, pos, n, tile, tables);
+    return n;
+  };
+  // fn(rows) with the stretch's rows as `from` says.
+  const auto with_rows = [&](From from, auto width, const auto& fn) {
+    constexpr int kWidth = decltype(width)::value;
+    if (from == From::kInPlace) return fn(in_place_rows());
+    if constexpr (kHalfTile<T>) {
+      if (from == From::kHalfTile) return fn(RunRows<hwy::float16_t>{half_tile, kWidth});
+    }
+    fn(RunRows<float>{tile, kWidth});
+  };
 
   for (int64_t sb = plan.first_sub_block(); sb < plan.end_sub_block(); ++sb) {
     const int64_t base = t.chunk_begin + sb * kSubBlockTokens;  // scores index = position - base
@@ -807,16 +844,8 @@ void partial_impl(const PartialTask& t) {
     // e4m3 NaN code; on AVX2 an fp8 cache's direct rows as fp16), one call per
     // row block.
     for (int64_t pos = span.begin; pos < span.end;) {
-      int64_t n = direct_k && !kHalfTile<T> ? in_place_stretch<T, kD>(k_src, pos, span.end, row_ptr, &first_row) : 0;
-      const bool in_place = n > 0;
-      const bool half = kHalfTile<T> && direct_k;
-      if (half) {
-        n = std::min(kTile, span.end - pos);
-        if constexpr (kHalfTile<T>) load_tile_half<T, kD>(k_src, pos, n, half_tile);
-      } else if (!in_place) {
-        n = std::min(kTile, span.end - pos);
-        load_tile<T, kD>(k_src, pos, n, tile, tables);
-      }
+      From from;
+      const int64_t n = load_stretch(k_src, pos, span.end, direct_k, std::integral_constant<int, kD>(), &from);
       prefetch.consumed(n * lines_per_row);
       if (rows_in_lanes) {
         score_lanes<kD, kLinesPerRow>(qt, rows_pad, rows, tile, n, scores + (pos - base), prefetch);
@@ -833,24 +862,14 @@ void partial_impl(const PartialTask& t) {
           q_rows[j] = t.position[r / t.heads].q + r % t.heads * kD;
           outs[j] = scores + static_cast<int64_t>(r) * kSubBlockTokens + (pos - base);
         }
-        const RunRows<float> tile_keys{tile, kD};
-        if (half) {
-          // direct_k: one row block, or a pair and a row, the first requesting the lines
-          if constexpr (kHalfTile<T>) {
-            const RunRows<hwy::float16_t> half_keys{half_tile, kD};
-            if (first_block) {
-              score_rows<hwy::float16_t, kD, kRows, kLinesPerRow>(q_rows, half_keys, n, outs, prefetch);
-            } else {
-              score_rows<hwy::float16_t, kD, kRows, 0>(q_rows, half_keys, n, outs, prefetch);
-            }
+        with_rows(from, std::integral_constant<int, kD>(), [&](auto keys) {
+          using Element = typename decltype(keys)::Element;
+          if (from == From::kInPlace || first_block) {
+            score_rows<Element, kD, kRows, kLinesPerRow>(q_rows, keys, n, outs, prefetch);
+          } else {
+            score_rows<Element, kD, kRows, 0>(q_rows, keys, n, outs, prefetch);
           }
-        } else if (in_place) {
-          score_rows<InPlace<T>, kD, kRows, kLinesPerRow>(q_rows, in_place_rows(), n, outs, prefetch);
-        } else if (first_block) {
-          score_rows<float, kD, kRows, kLinesPerRow>(q_rows, tile_keys, n, outs, prefetch);
-        } else {
-          score_rows<float, kD, kRows, 0>(q_rows, tile_keys, n, outs, prefetch);
-        }
+        });
         first_block = false;
       });
       prefetch.catch_up();
@@ -863,16 +882,8 @@ void partial_impl(const PartialTask& t) {
     bool started[kMaxTaskRows] = {};
     for (int64_t pos = span.begin; pos < span.end;) {
       // V's rows hold head_dim elements, of which the first kDv are read.
-      int64_t n = direct_v && !kHalfTile<T> ? in_place_stretch<T, kD>(v_src, pos, span.end, row_ptr, &first_row) : 0;
-      const bool in_place = n > 0;
-      const bool half = kHalfTile<T> && direct_v;
-      if (half) {
-        n = std::min(kTile, span.end - pos);
-        if constexpr (kHalfTile<T>) load_tile_half<T, kDv, kD>(v_src, pos, n, half_tile);
-      } else if (!in_place) {
-        n = std::min(kTile, span.end - pos);
-        load_tile<T, kDv, kD>(v_src, pos, n, tile, tables);
-      }
+      From from;
+      const int64_t n = load_stretch(v_src, pos, span.end, direct_v, std::integral_constant<int, kDv>(), &from);
       prefetch.consumed(n * lines_per_row);
       int64_t step_lines = lines_per_row;  // per token, in the first P.V call of the stretch
       for (int32_t p = 0; p < t.positions; ++p) {
@@ -887,18 +898,10 @@ void partial_impl(const PartialTask& t) {
             p_rows[j] = scores + static_cast<int64_t>(r) * kSubBlockTokens + (pos - base);
             acc_rows[j] = sub_acc + static_cast<int64_t>(r) * kDv;
           }
-          if (half) {
-            if constexpr (kHalfTile<T>) {
-              accumulate_rows<hwy::float16_t, kDv, kRows>(p_rows, RunRows<hwy::float16_t>{half_tile, kDv}, a, b,
-                                                          acc_rows, prefetch, step_lines, !started[p]);
-            }
-          } else if (in_place) {
-            accumulate_rows<InPlace<T>, kDv, kRows>(p_rows, in_place_rows(), a, b, acc_rows, prefetch, step_lines,
-                                                    !started[p]);
-          } else {
-            accumulate_rows<float, kDv, kRows>(p_rows, RunRows<float>{tile, kDv}, a, b, acc_rows, prefetch,
-                                               step_lines, !started[p]);
-          }
+          with_rows(from, std::integral_constant<int, kDv>(), [&](auto values) {
+            using Element = typename decltype(values)::Element;
+            accumulate_rows<Element, kDv, kRows>(p_rows, values, a, b, acc_rows, prefetch, step_lines, !started[p]);
+          });
           step_lines = 0;
         });
         started[p] = true;

@@ -136,8 +136,8 @@ void expect_chunks_outside_the_window_not_launched(const std::string& backend) {
   EXPECT_EQ(f.decode(0, {s}, q, 0.125f, SplitMode::kDeterministic, kSplit, v).splits[0], 3);
 }
 
-void expect_draft_rows_have_single_step_bits(const std::string& backend, int32_t threads) {
-  const CacheGeometry g = geometry({16, 4, DType::kBFloat16});
+void expect_draft_rows_have_single_step_bits(const std::string& backend, int32_t threads, const VariantCase& c) {
+  const CacheGeometry g = geometry(c);
   CacheFixture f(options(backend, g, threads, 91));
   const SequenceId other = f.add_sequence(0, 700);
   const SequenceId s = f.add_sequence(0, 1100);
@@ -147,7 +147,8 @@ void expect_draft_rows_have_single_step_bits(const std::string& backend, int32_t
   for (int32_t window : {0, 100, 600}) {
     for (float cap : {0.f, 30.f}) {
       for (bool sinks : {false, true}) {
-        SCOPED_TRACE(fmt::format("threads {} window {} soft_cap {} sinks {}", threads, window, cap, sinks));
+        SCOPED_TRACE(fmt::format("{} threads {} window {} soft_cap {} sinks {}", to_string(c), threads, window, cap,
+                                 sinks));
         CacheFixture::Variant v;
         v.window = window;
         v.soft_cap = cap;

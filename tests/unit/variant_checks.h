@@ -37,7 +37,9 @@ void expect_empty_sequence_gives_zero_and_the_sink(const std::string& backend);
 void expect_chunks_outside_the_window_not_launched(const std::string& backend);
 
 // Each draft row equals, byte for byte, a single-row decode of a fork
-// truncated to its position, for every variant, the multi-row decode in a batch.
-void expect_draft_rows_have_single_step_bits(const std::string& backend, int32_t threads);
+// truncated to its position, for every variant, the multi-row decode in a batch
+// (block size, group and cache from c: by default bf16 at GQA 4).
+void expect_draft_rows_have_single_step_bits(const std::string& backend, int32_t threads,
+                                             const VariantCase& c = {16, 4, DType::kBFloat16});
 
 }  // namespace pagoda::testing

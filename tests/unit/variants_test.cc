@@ -18,8 +18,14 @@ TEST(Variants, EmptySequenceWithASinkGivesZeroAndTheSink) { expect_empty_sequenc
 
 TEST(Variants, ChunksOutsideTheWindowAreNotLaunched) { expect_chunks_outside_the_window_not_launched("cpu"); }
 
+// bf16 at GQA 4 (AVX512-BF16's dot products where the CPU has them), and fp16
+// at GQA 8: on AVX-512 its scores take four rows to a vector (quad scores),
+// the draft rows of 5 positions 10 row blocks of them.
 TEST(Variants, EachDraftRowHasTheBitsOfItsSingleStepDecode) {
-  for (int32_t threads : {1, 2}) expect_draft_rows_have_single_step_bits("cpu", threads);
+  for (int32_t threads : {1, 2}) {
+    expect_draft_rows_have_single_step_bits("cpu", threads);
+    expect_draft_rows_have_single_step_bits("cpu", threads, {16, 8, DType::kFloat16});
+  }
 }
 
 }  // namespace

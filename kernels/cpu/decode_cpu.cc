@@ -951,7 +951,14 @@ void partial_impl(const PartialTask& t) {
   // Quad scores read a 16- or 32-bit cache in place whatever the rows (each
   // key once for four row blocks), an fp8 cache from the tile.
   const bool direct_k = quads ? !kIsFp8<T> : rows <= kDirectRows<T> && !rows_in_lanes;
-  const bool direct_v = t.heads <= kDirectRows<T> && t.positions == 1;
+  // V of a 16- or 32-bit cache is read in place by every position of the task
+  // on AVX-512 as well: each position's blocks widen the rows it reads, where
+  // a tile widened them once and was stored and reloaded (one thread, K/V in
+  // L3, four query rows: fp16 GQA 4 0.96x the time, GQA 8 0.92-0.95x, bf16 on
+  // the FMAs 0.96x; fp8, widened in several instructions, 1.14x, and AVX2's
+  // calls per run 1.02x keep the tile).
+  const bool direct_v =
+      t.heads <= kDirectRows<T> && (t.positions == 1 || (kRowPointers && sizeof(T) >= 2));
   const bool tables = kIsFp8<T> && kWideTarget && t.fp8_tables;
   if (rows_in_lanes) transpose_q<kD>(t, rows, rows_pad, qt);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL

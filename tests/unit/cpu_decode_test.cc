@@ -43,6 +43,26 @@ TEST_P(CpuDecode, MatchesReference) { run_table_case(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Table, CpuDecode, ::testing::ValuesIn(decode_table()), case_name);
 
+// Groups of 9 to 15, which AVX-512 scores four rows to a vector (quad scores):
+// GQA 10's last row block holds two padding rows, GQA 12 is three whole
+// blocks. fp32 and fp16 caches are read in place; e4m3 goes wherever best
+// sends it (the tile on the FMAs, or the dot products).
+std::vector<Case> quad_group_table() {
+  std::vector<Case> cases;
+  for (int32_t d : {64, 128})
+    for (int32_t gqa : {10, 12})
+      for (int32_t bs : {3, 16})
+        for (DType cache : {DType::kFloat32, DType::kFloat16, DType::kFloat8E4M3})
+          cases.push_back({d, gqa, bs, cache, DType::kFloat32});
+  return cases;
+}
+
+class CpuDecodeQuadGroups : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpuDecodeQuadGroups, MatchesReference) { run_table_case(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Table, CpuDecodeQuadGroups, ::testing::ValuesIn(quad_group_table()), case_name);
+
 // The same kernel compiled for AVX2, dispatched on purpose where the CPU has
 // better (AVX-512 machines otherwise never run it): every head_dim and group
 // size, two block sizes, every cache dtype, q in fp32.

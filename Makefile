@@ -65,7 +65,7 @@ BF16_UNIT_TARGETS = $(shell grep -qw amx_bf16 /proc/cpuinfo && echo best,amx || 
 	  { grep -qw avx512_bf16 /proc/cpuinfo && echo best,avx3 || echo best; })
 bench: build
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 128 --dtype fp16 --q-len 1,4
-	$(BENCH_KERNEL) --kv-heads 4 --head-dim 128 --dtype fp16
+	$(BENCH_KERNEL) --kv-heads 4 --head-dim 128 --dtype fp16 --q-len 1,4
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 128 --dtype fp8_e4m3
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 128 --dtype fp8_e5m2
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 64 --dtype fp16

@@ -396,13 +396,14 @@ HWY_INLINE VF quad_sums4(VF a0, VF a1, VF a2, VF a3) {
 }
 
 // Scores of kBlocks row blocks (packed q at qp, blocks kQuadRows * kD apart)
-// against the kTok keys kt[], written to out[r][t + j] for the block's rows r
-// (kBlocks * 4 row pointers) and j < count.
-template <typename T, int kD, int kBlocks, int kTok>
+// against the kQuadTokens keys kt[], written to out[r][t + j] for the blocks'
+// rows r (kBlocks * 4 row pointers) and j < count.
+template <typename T, int kD, int kBlocks>
 HWY_INLINE void quad_step(const float* HWY_RESTRICT qp, const T* HWY_RESTRICT const* kt, float* const* HWY_RESTRICT out,
                           int64_t t, int64_t count) {
   const DF df;
-  static_assert(kTok % 4 == 0, "tokens by fours");
+  constexpr int kTok = kQuadTokens;
+  static_assert(kTok == 4, "quad_sums4 meets four tokens");
   constexpr int64_t kBlockFloats = kQuadRows * kD;
   VF acc[kBlocks][kTok];
   {
@@ -424,17 +425,14 @@ HWY_INLINE void quad_step(const float* HWY_RESTRICT qp, const T* HWY_RESTRICT co
   }
   const hn::Full128<float> d4;
   for (int b = 0; b < kBlocks; ++b) {
-    for (int j = 0; j < kTok; j += 4) {
-      HWY_ALIGN float sums[16];
-      hn::Store(quad_sums4(acc[b][j], acc[b][j + 1], acc[b][j + 2], acc[b][j + 3]), df, sums);
-      const int64_t live = std::min<int64_t>(4, count - j);
-      for (int r = 0; r < kQuadRows; ++r) {
-        float* row = out[b * kQuadRows + r] + t + j;
-        if (HWY_LIKELY(live == 4)) {
-          hn::StoreU(hn::Load(d4, sums + 4 * r), d4, row);
-        } else if (live > 0) {
-          std::memcpy(row, sums + 4 * r, static_cast<size_t>(live) * sizeof(float));
-        }
+    HWY_ALIGN float sums[16];
+    hn::Store(quad_sums4(acc[b][0], acc[b][1], acc[b][2], acc[b][3]), df, sums);
+    for (int r = 0; r < kQuadRows; ++r) {
+      float* row = out[b * kQuadRows + r] + t;
+      if (HWY_LIKELY(count == kTok)) {
+        hn::StoreU(hn::Load(d4, sums + 4 * r), d4, row);
+      } else {
+        std::memcpy(row, sums + 4 * r, static_cast<size_t>(count) * sizeof(float));
       }
     }
   }
@@ -453,7 +451,7 @@ HWY_NOINLINE void score_quad_blocks(const float* HWY_RESTRICT qp, Rows k, int64_
   for (int64_t t = 0; t < n; t += kTok) {
     if constexpr (kLinesPerToken > 0) prefetch.step<kTok * kLinesPerToken>();
     for (int j = 0; j < kTok; ++j) kt[j] = k[std::min<int64_t>(t + j, n - 1)];
-    quad_step<T, kD, kBlocks, kTok>(qp, kt, out, t, std::min<int64_t>(kTok, n - t));
+    quad_step<T, kD, kBlocks>(qp, kt, out, t, std::min<int64_t>(kTok, n - t));
   }
 }
 
@@ -472,21 +470,16 @@ HWY_INLINE void score_quads(const float* HWY_RESTRICT qp, int32_t rows, Rows k, 
                                                               prefetch);
     b += kBlocks;
   };
-  using Lines = std::integral_constant<int64_t, kLinesPerToken>;
-  using NoLines = std::integral_constant<int64_t, 0>;
-  for (bool first = true; b < blocks; first = false) {
+  // The next up to kQuadBlocks blocks, requesting `lines` lines per token.
+  const auto next = [&](auto lines) {
     const int32_t left = blocks - b;
-    if (left >= kQuadBlocks) {
-      using Four = std::integral_constant<int, kQuadBlocks>;
-      first ? run(Four(), Lines()) : run(Four(), NoLines());
-    } else if (left == 3) {
-      first ? run(std::integral_constant<int, 3>(), Lines()) : run(std::integral_constant<int, 3>(), NoLines());
-    } else if (left == 2) {
-      first ? run(std::integral_constant<int, 2>(), Lines()) : run(std::integral_constant<int, 2>(), NoLines());
-    } else {
-      first ? run(std::integral_constant<int, 1>(), Lines()) : run(std::integral_constant<int, 1>(), NoLines());
-    }
-  }
+    if (left >= kQuadBlocks) return run(std::integral_constant<int, kQuadBlocks>(), lines);
+    if (left == 3) return run(std::integral_constant<int, 3>(), lines);
+    if (left == 2) return run(std::integral_constant<int, 2>(), lines);
+    run(std::integral_constant<int, 1>(), lines);
+  };
+  next(std::integral_constant<int64_t, kLinesPerToken>());
+  while (b < blocks) next(std::integral_constant<int64_t, 0>());
 }
 #endif
 
@@ -1041,7 +1034,9 @@ void partial_impl(const PartialTask& t) {
         for (int64_t r = 0; r < rows4; ++r) quad_outs[r] = scores + r * kSubBlockTokens + (pos - base);
         with_rows(from, std::integral_constant<int, kD>(), [&](auto keys) {
           using Element = typename decltype(keys)::Element;
-          if constexpr (!kIsFp8Bits<Element>) {  // fp8 keys come from the tile (direct_k)
+          if constexpr (kIsFp8Bits<Element>) {
+            HWY_ABORT("quad scores read fp8 keys from the tile only (direct_k)");
+          } else {
             score_quads<Element, kD, kLinesPerRow>(qt, rows, keys, n, quad_outs, prefetch);
           }
         });

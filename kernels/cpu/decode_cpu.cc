@@ -521,7 +521,6 @@ HWY_NOINLINE void transpose_q(const PartialTask& t, int32_t rows, int64_t rows_p
 // AVX-512 GQA 16 0.94x; 2 threads, 8 x 4096 tokens, AVX2 GQA 8 0.97x; latent
 // attention's 576-wide rows level). Only where the stores go changes.
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-constexpr bool kLaneBlockStores = true;
 HWY_INLINE void store_lane_block(const VF (&acc)[kLaneTokens], float* HWY_RESTRICT out) {
   static_assert(kLaneTokens == 8, "two halves of four tokens");
   const DF df;
@@ -564,9 +563,6 @@ HWY_INLINE void store_lane_block(const VF (&acc)[kLaneTokens], float* HWY_RESTRI
 #endif
   }
 }
-#else
-constexpr bool kLaneBlockStores = false;
-HWY_INLINE void store_lane_block(const VF (&)[kLaneTokens], float* HWY_RESTRICT) {}
 #endif
 
 // Scores of kVecs row vectors (rows r0 .. r0 + kVecs * lanes) against kLaneTokens
@@ -594,10 +590,12 @@ HWY_INLINE void score_lanes_step(const float* HWY_RESTRICT qt, int64_t rows_pad,
   for (int v = 0; v < kVecs; ++v) {
     const int64_t first = r0 + v * kRowLanes;
     const int64_t live = std::min<int64_t>(kRowLanes, rows - first);
-    if (kLaneBlockStores && count == kLaneTokens && live == kRowLanes) {
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if (count == kLaneTokens && live == kRowLanes) {
       store_lane_block(acc[v], out + first * kSubBlockTokens + t);
       continue;
     }
+#endif
     for (int j = 0; j < kLaneTokens; ++j) hn::Store(acc[v][j], df, lanes[j]);
     for (int64_t i = 0; i < live; ++i) {
       float* row = out + (first + i) * kSubBlockTokens + t;

@@ -648,9 +648,15 @@ HWY_INLINE VF exp2_nonpositive(VF x) {
   const VF n = hn::Round(x);
   const VF f = hn::Sub(x, n);
 #else
+  // x + 1.5 * 2^23 holds round(x) (nearest-even, as NearestInt) in its low
+  // significand bits: its bits are 0x4B400000 + n for n in [-126, 0], whose
+  // high bits the shift below drops. Two adds where NearestInt's fix-up of
+  // out-of-range lanes (none here) and the conversion back took six.
   const hn::RebindToSigned<DF> di;
-  const auto n = hn::NearestInt(x);
-  const auto f = hn::Sub(x, hn::ConvertTo(d, n));
+  const VF magic = hn::Set(d, 12582912.f);
+  const VF shifted = hn::Add(x, magic);
+  const auto n = hn::BitCast(di, shifted);
+  const auto f = hn::Sub(x, hn::Sub(shifted, magic));
 #endif
   auto p = hn::Set(d, 1.5252733804059841e-05f);
   p = hn::MulAdd(p, f, hn::Set(d, 1.5403530393381608e-04f));

@@ -272,6 +272,12 @@ HWY_INLINE void store_scores(VF (&acc)[kRows][kTokens], float* const* HWY_RESTRI
         std::memcpy(out[r] + t, tail, static_cast<size_t>(n) * sizeof(float));
       }
     }
+  } else if constexpr (kTokens == 1 && kRows == 4) {
+    const auto s = lane_sums4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]);
+    out[0][t] = hn::ExtractLane(s, 0);
+    out[1][t] = hn::ExtractLane(s, 1);
+    out[2][t] = hn::ExtractLane(s, 2);
+    out[3][t] = hn::ExtractLane(s, 3);
   } else if constexpr (kTokens == 2) {
     static_assert(kRows % 2 == 0 || kRows == 1, "rows pair up two tokens at a time");
     if constexpr (kRows == 1) {
@@ -340,13 +346,19 @@ HWY_NOINLINE void score_rows(const float* const* HWY_RESTRICT q, Rows k, int64_t
   if constexpr (kTok == 3) {
     // Steps of 3 leave 4 tokens as two steps of 2, and 2 as one: a block's 16
     // tokens take 3+3+3+3+2+2, where a tail step of 3 scored two dropped copies.
-    for (; n - t >= 5 || n - t == 3; t += 3) {
+    for (; t + 3 <= n; t += 3) {
       for (int j = 0; j < 3; ++j) kt[j] = k[t + j];
       score_step<T, kD, kRows, 3, kLinesPerToken>(qr, kt, out, t, 3, prefetch, n - t > 3);
     }
-    for (; t + 2 <= n; t += 2) {
+    if (t + 2 <= n) {
       const T* HWY_RESTRICT pair[2] = {k[t], k[t + 1]};
       score_step<T, kD, kRows, 2, kLinesPerToken>(qr, pair, out, t, 2, prefetch);
+      t += 2;
+    }
+    if (t < n) {
+      const T* HWY_RESTRICT one[1] = {k[t]};
+      score_step<T, kD, kRows, 1, kLinesPerToken>(qr, one, out, t, 1, prefetch);
+      t += 1;
     }
   } else {
     for (; t + kTok <= n; t += kTok) {

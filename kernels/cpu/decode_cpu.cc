@@ -63,9 +63,10 @@ constexpr int kDirectRows = sizeof(T) == 2 ? (kWideTarget ? 4 : 2) * kRowBlock :
 // from memory), where 4 x 2 kept only the 8 chains that two FMA ports of
 // latency 4 need, with no slack (AMD Zen 5, 2 threads, fp16 GQA 4, 8 x 4096
 // tokens: 0.86-0.89x the time with one query row, 0.81x with four; head_dim
-// 256 0.94x, bf16 and e4m3 level). A run's last 4 tokens go as two steps of 2
-// (score_rows), so a 16-token block wastes none: head_dim 64 0.87-0.89x the
-// time of steps of 2 alone, where steps of 3 with a wasteful tail were 1.04x.
+// 256 0.94x, bf16 and e4m3 level). A run's tail after its steps of 3 goes as
+// one step of 2 or of 1 (score_rows), so no step scores dropped copies: steps
+// of 3 with a wasteful tail were 1.04x the time of steps of 2 alone at head_dim
+// 64, and 3+3+3+3+2+2 per 16-token block 1.05x the time of 3+3+3+3+3+1.
 constexpr int score_tokens(int rows) {
   if (!kWideTarget && rows == 4) return 3;
   return kAccumulators / rows < 4 ? kAccumulators / rows : 4;
@@ -344,8 +345,10 @@ HWY_NOINLINE void score_rows(const float* const* HWY_RESTRICT q, Rows k, int64_t
   const T* HWY_RESTRICT kt[kTok];
   int64_t t = 0;
   if constexpr (kTok == 3) {
-    // Steps of 3 leave 4 tokens as two steps of 2, and 2 as one: a block's 16
-    // tokens take 3+3+3+3+2+2, where a tail step of 3 scored two dropped copies.
+    // Steps of 3, then one of 2 or 1 for what is left: a block's 16 tokens take
+    // 3+3+3+3+3+1, where a tail step of 3 scored dropped copies and two steps
+    // of 2 for the last four tokens took 1.05x the time (AMD Zen 5, fp16 GQA 4,
+    // one thread, head_dim 64).
     for (; t + 3 <= n; t += 3) {
       for (int j = 0; j < 3; ++j) kt[j] = k[t + j];
       score_step<T, kD, kRows, 3, kLinesPerToken>(qr, kt, out, t, 3, prefetch, n - t > 3);

@@ -255,25 +255,18 @@ HWY_INLINE void store_scores(VF (&acc)[kRows][kTokens], float* const* HWY_RESTRI
       for (int r = 0; r < 4; ++r)
         for (int64_t j = 0; j < n; ++j) out[r][t + j] = sums[kAt[r][j]];
     }
-  } else if constexpr (kTokens >= 3) {
-    // Three tokens fill the fourth lane with a copy of the third, not stored:
-    // a pair and a lane go straight to the row, where a copy through `tail`
-    // reloaded its store at once (AVX2's 4 x 3 steps, every step: AMD Zen 5,
-    // fp16 GQA 4, one thread, cache-resident: 0.99x the time).
-    const hn::Half<decltype(d4)> d2;
+  } else if constexpr (kTokens == 4) {
     for (int r = 0; r < kRows; ++r) {
-      const auto s = lane_sums4(acc[r][0], acc[r][1], acc[r][2], acc[r][kTokens - 1]);
+      const auto s = lane_sums4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
       if (HWY_LIKELY(n == 4)) {
         hn::StoreU(s, d4, out[r] + t);
-      } else if (HWY_LIKELY(n == 3)) {
-        hn::StoreU(hn::LowerHalf(d2, s), d2, out[r] + t);
-        out[r][t + 2] = hn::ExtractLane(s, 2);
-      } else {
+      } else {  // a tail step, its last token repeated
         hn::Store(s, d4, tail);
         std::memcpy(out[r] + t, tail, static_cast<size_t>(n) * sizeof(float));
       }
     }
   } else if constexpr (kTokens == 1 && kRows == 4) {
+    // AVX2's step of one token, a run's last after its steps of 3.
     const auto s = lane_sums4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]);
     out[0][t] = hn::ExtractLane(s, 0);
     out[1][t] = hn::ExtractLane(s, 1);
@@ -299,6 +292,8 @@ HWY_INLINE void store_scores(VF (&acc)[kRows][kTokens], float* const* HWY_RESTRI
         }
       }
     }
+  } else {
+    static_assert(kTokens < 0, "steps of 4, 2, and on AVX2 4 x 3 and 4 x 1");
   }
 #endif
 }

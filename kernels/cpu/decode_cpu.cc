@@ -773,8 +773,9 @@ HWY_INLINE SoftmaxStats<float> softmax_row(float* HWY_RESTRICT s, int64_t first,
   int64_t i = lo;
   // Four exponentials side by side, each a chain of dependent FMAs, so the
   // chains overlap in the core's window (bf16 GQA 4 with four query rows,
-  // cache-resident: 0.99x the time). The sum still adds them in order (the
-  // same bits).
+  // cache-resident: 0.99x the time; two on AVX2, whose 16 registers spill
+  // the four's constants, measured level). The sum still adds them in order
+  // (the same bits).
   for (; i + 4 * kLanes <= hi; i += 4 * kLanes) {
     VF p[4];
     for (int j = 0; j < 4; ++j) p[j] = exp2_nonpositive(hn::Sub(hn::Load(df, s + i + j * kLanes), vm));

@@ -706,7 +706,7 @@ HWY_INLINE VF exp2_nonpositive(VF x) {
   const hn::RebindToSigned<DF> di;
   const VF magic = hn::Set(d, 12582912.f);
   const VF shifted = hn::Add(x, magic);
-  const auto n = hn::BitCast(di, shifted);
+  const auto n_bits = hn::BitCast(di, shifted);  // 0x4B400000 + n
   const auto f = hn::Sub(x, hn::Sub(shifted, magic));
 #endif
   auto p = hn::Set(d, 1.5252733804059841e-05f);
@@ -720,7 +720,7 @@ HWY_INLINE VF exp2_nonpositive(VF x) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   return hn::IfThenZeroElse(underflow, VF{_mm512_scalef_ps(p.raw, n.raw)});
 #else
-  const auto scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n, hn::Set(di, 127))));
+  const auto scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n_bits, hn::Set(di, 127))));
   return hn::IfThenZeroElse(underflow, hn::Mul(p, scale));
 #endif
 }
@@ -1708,6 +1708,20 @@ void ComputePartial(const PartialTask& t) {
       [&] { HWY_ABORT("head_dim %d reached the CPU kernel unvalidated", t.geometry->head_dim); });
 }
 
+// The softmax's weights 2^x of n values x <= 0 on this target, whole vectors
+// and then a tail through a zero-padded one.
+void SoftmaxExp2(const float* HWY_RESTRICT x, float* HWY_RESTRICT out, int64_t n) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(exp2_nonpositive(hn::LoadU(df, x + i)), df, out + i);
+  if (i == n) return;
+  alignas(64) float tail[HWY_MAX_BYTES / sizeof(float)] = {};
+  std::copy(x + i, x + n, tail);
+  hn::Store(exp2_nonpositive(hn::Load(df, tail)), df, tail);
+  std::copy(tail, tail + (n - i), out + i);
+}
+
 // Independent FMA chains in registers, enough to cover the FMA latency on two
 // ports (4 cycles x 2), over a loop long enough to time.
 double FmaPeakOneThread() {
@@ -1740,11 +1754,13 @@ namespace pagoda::cpu {
 
 HWY_EXPORT(ComputePartial);
 HWY_EXPORT(FmaPeakOneThread);
+HWY_EXPORT(SoftmaxExp2);
 HWY_EXPORT(TargetName);
 
 void compute_partial(const PartialTask& task) { HWY_DYNAMIC_DISPATCH(ComputePartial)(task); }
 const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 double fma_peak_one_thread() { return HWY_DYNAMIC_DISPATCH(FmaPeakOneThread)(); }
+void softmax_exp2(const float* x, float* out, int64_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxExp2)(x, out, n); }
 
 }  // namespace pagoda::cpu
 #endif

@@ -123,4 +123,10 @@ inline int64_t partial_scratch_floats(int32_t rows, int32_t head_dim) {
 
 void compute_partial(const PartialTask& task);
 
+// out[i] = 2^x[i] for x[i] <= 0 (or -inf), as the softmax weighs a score x
+// below its row's max on the dispatched target: within 1.65 * 2^-24 of the
+// exact value relative, exactly 2^x for integer x down to -126, and 0 below
+// -126 (the accuracy test holds each target to this).
+void softmax_exp2(const float* x, float* out, int64_t n);
+
 }  // namespace pagoda::cpu

@@ -203,10 +203,11 @@ constexpr int64_t p_pair_offset(int r, int k) {
 
 // kRows rows of P.V over kVecs stretches of 16 output elements at a time:
 // kRows x kVecs accumulators, each packed V vector loaded once for the rows,
-// each row's pair of weights broadcast once for the stretches.
+// each row's pair of weights broadcast once for the stretches. One tick of
+// `spread` after each step of kVecs stretches.
 template <int kRows, int kVecs, PLayout kLayout>
 PAGODA_BF16_TARGET inline void accumulate_rows(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
-                                               int64_t acc_stride, bool first) {
+                                               int64_t acc_stride, bool first, Spread& spread) {
   for (int32_t t0 = 0; t0 < dv / 16; t0 += kVecs) {
     __m512 c[kRows][kVecs];
     for (int r = 0; r < kRows; ++r) {
@@ -228,12 +229,13 @@ PAGODA_BF16_TARGET inline void accumulate_rows(const uint16_t* pa, const uint16_
     for (int r = 0; r < kRows; ++r) {
       for (int i = 0; i < kVecs; ++i) _mm512_storeu_ps(acc + r * acc_stride + 16 * (t0 + i), c[r][i]);
     }
+    spread.tick();
   }
 }
 
 template <int kVecs, PLayout kLayout>
 PAGODA_BF16_TARGET void accumulate_all(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
-                                       int64_t acc_stride, int32_t rows, bool first) {
+                                       int64_t acc_stride, int32_t rows, bool first, Requests requests) {
   // The first of the rows r0.. in pa (pair-major: two bf16 values a row).
   const auto rows_from = [&](int32_t r0) { return pa + p_pair_offset<kLayout>(r0, 0); };
   // Rows in fours where they come in fours (a GQA-4 group per query token):
@@ -241,18 +243,25 @@ PAGODA_BF16_TARGET void accumulate_all(const uint16_t* pa, const uint16_t* vb, i
   // where three and one loaded it twice (AMD Zen 5, 2 threads, 8 x 4096
   // tokens, GQA 4: 0.96-0.98x the time with one query row, 0.95-0.97x with four).
   if (rows % 4 == 0 && kVecs % 2 == 0) {
+    constexpr int kFourVecs = kVecs / 2;
+    Spread spread(requests, rows / 4 * (dv / 16 / kFourVecs));
     for (int32_t r = 0; r < rows; r += 4) {
-      accumulate_rows<4, kVecs / 2, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first);
+      accumulate_rows<4, kFourVecs, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first, spread);
     }
     return;
   }
   // Else three rows of eight stretches: 24 accumulators, 8 operands beside them.
+  Spread spread(requests, (rows + 2) / 3 * (dv / 16 / kVecs));
   int32_t r = 0;
   for (; r + 3 <= rows; r += 3) {
-    accumulate_rows<3, kVecs, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first);
+    accumulate_rows<3, kVecs, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first, spread);
   }
-  if (rows - r == 2) accumulate_rows<2, kVecs, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first);
-  if (rows - r == 1) accumulate_rows<1, kVecs, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first);
+  if (rows - r == 2) {
+    accumulate_rows<2, kVecs, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first, spread);
+  }
+  if (rows - r == 1) {
+    accumulate_rows<1, kVecs, kLayout>(rows_from(r), vb, dv, acc + r * acc_stride, acc_stride, first, spread);
+  }
 }
 
 // The bf16 zeros that stand for a missing V row.
@@ -393,15 +402,15 @@ PAGODA_BF16_TARGET void scores_packed(const uint16_t* qb, int32_t d, const KeyRo
 }
 
 PAGODA_BF16_TARGET void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc,
-                                   int64_t acc_stride, int32_t rows, bool first, PLayout layout) {
+                                   int64_t acc_stride, int32_t rows, bool first, PLayout layout, Requests requests) {
   // dv is a multiple of 64 in the vocabulary: whole steps of 4 or 8 stretches.
   const bool eight = (dv / 16) % 8 == 0;
   if (layout == PLayout::kPairMajor) {
-    if (eight) return accumulate_all<8, PLayout::kPairMajor>(pa, vb, dv, acc, acc_stride, rows, first);
-    return accumulate_all<4, PLayout::kPairMajor>(pa, vb, dv, acc, acc_stride, rows, first);
+    if (eight) return accumulate_all<8, PLayout::kPairMajor>(pa, vb, dv, acc, acc_stride, rows, first, requests);
+    return accumulate_all<4, PLayout::kPairMajor>(pa, vb, dv, acc, acc_stride, rows, first, requests);
   }
-  if (eight) return accumulate_all<8, PLayout::kRowMajor>(pa, vb, dv, acc, acc_stride, rows, first);
-  accumulate_all<4, PLayout::kRowMajor>(pa, vb, dv, acc, acc_stride, rows, first);
+  if (eight) return accumulate_all<8, PLayout::kRowMajor>(pa, vb, dv, acc, acc_stride, rows, first, requests);
+  accumulate_all<4, PLayout::kRowMajor>(pa, vb, dv, acc, acc_stride, rows, first, requests);
 }
 
 PAGODA_BF16_TARGET void accumulate_in_place(const uint16_t* pa, const uint16_t* const* v, int32_t dv, float* acc,

@@ -57,9 +57,9 @@ void scores_by_key(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t g
 // acc[r * acc_stride + e] += sum over j of pa[r][j] * v[j][e] for r < rows (at
 // most 16) and e < dv, pa packed by bf16::pack_p (kRowMajor) or
 // bf16::pack_p_pairs (kPairMajor) and V by bf16::pack_v; with `first`, acc is
-// not read (= instead of +=).
+// not read (= instead of +=). `requests` go out spread over the multiplies.
 void accumulate(const uint16_t* pa, const uint16_t* vb, int32_t dv, float* acc, int64_t acc_stride, int32_t rows,
-                bool first = false, bf16::PLayout layout = bf16::PLayout::kRowMajor);
+                bool first = false, bf16::PLayout layout = bf16::PLayout::kRowMajor, Requests requests = {});
 
 // The same sums for up to kInPlaceRows rows from V rows where they lie (v[j]:
 // row j of the 32 keys, dv bf16 values; null: a zero row), without

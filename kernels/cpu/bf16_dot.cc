@@ -13,6 +13,7 @@
 namespace pagoda::cpu::bf16dot {
 namespace {
 
+using bf16::kPairsPerRequestTick;
 using bf16::kPvKeys;
 using bf16::kTileRows;
 using bf16::kValuesPerTile;
@@ -301,6 +302,7 @@ PAGODA_BF16_TARGET inline void accumulate_in_place_rows(const uint16_t* pa, cons
           hi[r][c] = _mm512_dpbf16_ps(hi[r][c], vhi[c], w);
         }
       }
+      if (k % kPairsPerRequestTick == kPairsPerRequestTick - 1) spread.tick();
     }
     for (int r = 0; r < kRows; ++r) {
       for (int c = 0; c < kChunks; ++c) {
@@ -309,25 +311,23 @@ PAGODA_BF16_TARGET inline void accumulate_in_place_rows(const uint16_t* pa, cons
         _mm512_storeu_ps(a + 16, hi[r][c]);
       }
     }
-    // Between steps, not inside: a request that calls out would spill the
-    // accumulators.
-    spread.tick();
   }
 }
 
 // Up to 4 rows: as many chunks at a time as keep 8 to 16 accumulators (two
 // FMA ports of latency 6 need 12) where the chunks divide dv / 32.
-// `requests` are spread over the steps of chunks.
+// `requests` are spread over the pairs of keys of every step of chunks.
 template <int kRows>
 PAGODA_BF16_TARGET inline void accumulate_in_place_block(const uint16_t* pa, const uint16_t* const* v, int32_t dv,
                                                          float* acc, int64_t acc_stride, bool first,
                                                          Requests requests) {
   constexpr int kWide = kRows <= 2 ? 4 : 2;
+  constexpr int kTicksPerStep = kPvKeys / 2 / kPairsPerRequestTick;
   if ((dv / 32) % kWide == 0) {
-    Spread spread(requests, dv / 32 / kWide);
+    Spread spread(requests, dv / 32 / kWide * kTicksPerStep);
     return accumulate_in_place_rows<kRows, kWide>(pa, v, dv, acc, acc_stride, first, spread);
   }
-  Spread spread(requests, dv / 32);
+  Spread spread(requests, dv / 32 * kTicksPerStep);
   accumulate_in_place_rows<kRows, 1>(pa, v, dv, acc, acc_stride, first, spread);
 }
 

@@ -287,11 +287,11 @@ PAGODA_VBMI_BF16_TARGET inline void accumulate_rows_from_codes(const Lookup& t, 
         const __m512bh p = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
         for (int s = 0; s < 4; ++s) a[r][s] = _mm512_dpbf16_ps(a[r][s], reinterpret_cast<__m512bh>(w[s]), p);
       }
+      if (k % bf16::kPairsPerRequestTick == bf16::kPairsPerRequestTick - 1) spread.tick();
     }
     for (int r = 0; r < kRows; ++r) {
       for (int s = 0; s < 4; ++s) _mm512_storeu_ps(acc + r * acc_stride + 64 * c + 16 * s, a[r][s]);
     }
-    spread.tick();  // between chunks: a request that calls out would spill the sums
   }
 }
 
@@ -306,7 +306,7 @@ PAGODA_VBMI_BF16_TARGET void accumulate_in_place(DType format, const uint16_t* p
   const __m512i order[2] = {_mm512_load_si512(orders().pairs[0]), _mm512_load_si512(orders().pairs[1])};
   const uint8_t* codes[bf16::kPvKeys];
   for (int j = 0; j < bf16::kPvKeys; ++j) codes[j] = v[j] != nullptr ? v[j] : kZeroCodes;
-  bf16::Spread spread(requests, dv / 64);
+  bf16::Spread spread(requests, dv / 64 * (bf16::kPvKeys / 2 / bf16::kPairsPerRequestTick));
   switch (rows) {
     case 1: return accumulate_rows_from_codes<1>(t, order, pa, codes, dv, acc, acc_stride, first, spread);
     case 2: return accumulate_rows_from_codes<2>(t, order, pa, codes, dv, acc, acc_stride, first, spread);

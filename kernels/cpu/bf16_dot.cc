@@ -344,7 +344,9 @@ bool available() {
 
 PAGODA_BF16_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows,
                                float scale, float* out, int64_t out_stride, Requests requests) {
-  Spread spread(requests, groups * (d / 8 + 1));
+  // Ticks per group: the quads' d / 32, or scores_transposed's d / 8, and one
+  // after the group.
+  Spread spread(requests, groups * ((rows <= 8 ? d / 32 : d / 8) + 1));
   const __m512 vs = _mm512_set1_ps(scale);
   if (rows <= 8) {
     return with_key_stride(d, keys, groups, [&](auto stride) PAGODA_BF16_TARGET {

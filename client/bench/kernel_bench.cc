@@ -31,7 +31,7 @@ struct KernelOptions {
   int32_t head_dim = 128;
   int32_t v_head_dim = 0;  // 0: head_dim; less: latent attention (V the prefix of K's rows)
   int32_t block_size = 16;
-  std::string dtype = "fp16";
+  std::vector<std::string> dtypes = {"fp16"};  // cache dtypes, each on its own backend; rows compare with the first
   std::vector<std::string> modes = {"deterministic", "fast"};
   std::vector<std::string> targets = {"best"};
   std::vector<std::string> prefetch = {"auto"};  // CPU prefetch levels to run (select_prefetch_level)
@@ -122,34 +122,17 @@ double launch_flops(const CacheGeometry& g, int32_t batch, int32_t context, int3
   return 2.0 * (g.head_dim + g.v_dim()) * g.num_q_heads * static_cast<double>(keys) * batch;
 }
 
-int run(const KernelOptions& o) {
-  const auto dtype = parse_dtype(o.dtype);
-  if (!dtype) {
-    fmt::print(stderr, "pagoda-bench kernel: --dtype: expected fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2, received '{}'\n", o.dtype);
-    return 2;
-  }
+// Every row of one cache dtype on its own backend, appended to the report;
+// the first dtype's backend names the report. 0, or an exit status.
+int time_dtype(const KernelOptions& o, DType dtype, KernelReport& report) {
   const bool cpu = o.backend == "cpu";
-  if (!cpu && (o.targets.size() != 1 || o.targets[0] != "best")) {
-    fmt::print(stderr, "pagoda-bench kernel: --target: expected best with --backend cuda, received a CPU target\n");
-    return 2;
-  }
-  if (!cpu && (o.prefetch.size() != 1 || o.prefetch[0] != "auto")) {
-    fmt::print(stderr, "pagoda-bench kernel: --prefetch: expected auto with --backend cuda, received a CPU level\n");
-    return 2;
-  }
   const int32_t max_context = *std::max_element(o.contexts.begin(), o.contexts.end());
-  const int32_t min_context = *std::min_element(o.contexts.begin(), o.contexts.end());
-  if (o.shared_prefix > min_context) {
-    fmt::print(stderr, "pagoda-bench kernel: --shared-prefix: expected at most the shortest --context ({}), received {}\n",
-               min_context, o.shared_prefix);
-    return 2;
-  }
   const int32_t blocks_per_seq = (max_context + o.block_size - 1) / o.block_size;
   BackendOptions bo;
   bo.kind = o.backend;
   bo.cpu_threads = o.threads;
   bo.max_batch = o.batch;
-  bo.geometry = {1, o.q_heads, o.kv_heads, o.head_dim, o.block_size, o.batch * blocks_per_seq, *dtype,
+  bo.geometry = {1, o.q_heads, o.kv_heads, o.head_dim, o.block_size, o.batch * blocks_per_seq, dtype,
                  o.v_head_dim != 0 ? o.v_head_dim : o.head_dim};
   auto made = make_backend(bo);
   if (!made.ok()) {
@@ -187,17 +170,19 @@ int run(const KernelOptions& o) {
   std::vector<int32_t> splits(o.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
 
-  KernelReport report;
-  report.backend = (*made)->name();
-  report.device = (*made)->device_name();
-  report.geometry = g;
-  report.batch = o.batch;
-  report.split_tokens = o.split_tokens;
-  report.threads = cpu ? (*made)->num_workers() : 0;
-  if (cpu) {
-    (void)cpu::select_prefetch_level("auto");
-    report.prefetch_auto = cpu::prefetch_level_name() + "; " + cpu::prefetch_distance_name();
+  if (report.dtypes.empty()) {
+    report.backend = (*made)->name();
+    report.device = (*made)->device_name();
+    report.geometry = g;
+    report.batch = o.batch;
+    report.split_tokens = o.split_tokens;
+    report.threads = cpu ? (*made)->num_workers() : 0;
+    if (cpu) {
+      (void)cpu::select_prefetch_level("auto");
+      report.prefetch_auto = cpu::prefetch_level_name() + "; " + cpu::prefetch_distance_name();
+    }
   }
+  report.dtypes.push_back(dtype);
   // Every (context, q_len, window, mode) row of one target and prefetch
   // selection, from `base` (which names them and the compute roof).
   const auto time_rows = [&](const KernelRow& base) -> bool {
@@ -267,6 +252,8 @@ int run(const KernelOptions& o) {
     }
     const cpu::MatrixUnit unit = cpu ? cpu::matrix_unit_for(g) : cpu::MatrixUnit::kNone;
     KernelRow base;
+    base.dtype = dtype;
+    base.selection = target;
     base.target = cpu ? cpu::kernel_target_name(g) : "cuda";
     // The compute roof on the same threads and unit (the matrix unit's where
     // one serves the cache), next to the rows it bounds.
@@ -300,6 +287,45 @@ int run(const KernelOptions& o) {
     (void)cpu::select_simd_target("best");
     (void)cpu::select_prefetch_level("auto");
   }
+  return 0;
+}
+
+int run(const KernelOptions& o) {
+  std::vector<DType> dtypes;
+  for (const std::string& name : o.dtypes) {
+    const auto dtype = parse_dtype(name);
+    if (!dtype) {
+      fmt::print(stderr, "pagoda-bench kernel: --dtype: expected fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2, received '{}'\n",
+                 name);
+      return 2;
+    }
+    if (std::find(dtypes.begin(), dtypes.end(), *dtype) != dtypes.end()) {
+      fmt::print(stderr, "pagoda-bench kernel: --dtype: expected each dtype once, received '{}' twice\n", name);
+      return 2;
+    }
+    dtypes.push_back(*dtype);
+  }
+  const bool cpu = o.backend == "cpu";
+  if (!cpu && (o.targets.size() != 1 || o.targets[0] != "best")) {
+    fmt::print(stderr, "pagoda-bench kernel: --target: expected best with --backend cuda, received a CPU target\n");
+    return 2;
+  }
+  if (!cpu && (o.prefetch.size() != 1 || o.prefetch[0] != "auto")) {
+    fmt::print(stderr, "pagoda-bench kernel: --prefetch: expected auto with --backend cuda, received a CPU level\n");
+    return 2;
+  }
+  const int32_t min_context = *std::min_element(o.contexts.begin(), o.contexts.end());
+  if (o.shared_prefix > min_context) {
+    fmt::print(stderr, "pagoda-bench kernel: --shared-prefix: expected at most the shortest --context ({}), received {}\n",
+               min_context, o.shared_prefix);
+    return 2;
+  }
+  // One backend at a time: each holds its own cache, filled with the same
+  // values rounded to its dtype.
+  KernelReport report;
+  for (const DType dtype : dtypes) {
+    if (const int rc = time_dtype(o, dtype, report); rc != 0) return rc;
+  }
   if (o.json) {
     print_json(report);
   } else {
@@ -331,7 +357,10 @@ void add_kernel_command(CLI::App& app) {
                   "V and output head dimension (0 = --head-dim); less than --head-dim is latent attention, V the "
                   "prefix of K's rows (576 with 512: MLA)");
   sub->add_option("--block-size", o->block_size, "tokens per block");
-  sub->add_option("--dtype", o->dtype, "cache dtype: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2");
+  sub->add_option("--dtype", o->dtypes,
+                  "cache dtypes, each timed on its own cache (comma-separated: fp32, fp16, bf16, fp8_e4m3, "
+                  "fp8_e5m2); the later ones' rows give their time over the first's")
+      ->delimiter(',');
   sub->add_option("--mode", o->modes, "deterministic, fast (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember({"deterministic", "fast"}));

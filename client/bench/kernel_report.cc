@@ -15,7 +15,8 @@ constexpr const char* kBaselineMethod =
 // FLOPs per byte of cache and query row: 2 (q.k) + 2 (p.v) per element pair
 // for each head of the group, over the bytes one key row of a KV head takes
 // (K and V, or K alone when V is its prefix).
-double flops_per_byte(const CacheGeometry& g) {
+double flops_per_byte(CacheGeometry g, DType dtype) {
+  g.dtype = dtype;
   const double bytes = static_cast<double>(g.token_kv_bytes()) / g.num_kv_heads;
   return 2.0 * (g.head_dim + g.v_dim()) * g.group_size() / bytes;
 }
@@ -38,6 +39,18 @@ double KernelReport::time_over_one_row(const KernelRow& r) const {
   return 0;
 }
 
+double KernelReport::time_over_first_dtype(const KernelRow& r) const {
+  if (dtypes.size() < 2 || r.dtype == dtypes.front()) return 0;
+  for (const KernelRow& first : rows) {
+    if (first.dtype == dtypes.front() && first.selection == r.selection && first.prefetch == r.prefetch &&
+        first.context == r.context && first.q_len == r.q_len && first.window == r.window &&
+        first.shared_prefix == r.shared_prefix && first.mode == r.mode) {
+      return r.kernel_s / first.kernel_s;
+    }
+  }
+  return 0;
+}
+
 double KernelReport::roofline_seconds(const KernelRow& r) const {
   const double memory = r.kv_bytes / r.baseline;
   return r.compute_peak > 0 ? std::max(memory, r.flops / r.compute_peak) : memory;
@@ -50,25 +63,35 @@ const char* KernelReport::bound(const KernelRow& r) const {
 void print_table(const KernelReport& rep) {
   const CacheGeometry& g = rep.geometry;
   fmt::print("pagoda-bench kernel: {} on {}\n", rep.backend, rep.device);
-  fmt::print("shape: batch {}, {} q heads, {} kv heads (group {}), head_dim {}, v_head_dim {}{}, {} cache, block {}; "
-             "{:.1f} FLOP per K/V byte and query row\nbaseline: {}\nK/V bytes: the keys the rows attend (a window "
-             "reads fewer)\n\n",
+  std::string caches;
+  for (const DType d : rep.dtypes) {
+    caches += fmt::format("{}{} cache ({:.1f} FLOP per K/V byte and query row)", caches.empty() ? "" : ", ",
+                          dtype_name(d), flops_per_byte(g, d));
+  }
+  fmt::print("shape: batch {}, {} q heads, {} kv heads (group {}), head_dim {}, v_head_dim {}{}, block {}; {}\n"
+             "baseline: {}\nK/V bytes: the keys the rows attend (a window reads fewer)\n\n",
              rep.batch, g.num_q_heads, g.num_kv_heads, g.group_size(), g.head_dim, g.v_dim(),
-             g.latent() ? " (latent: V is K's prefix)" : "", dtype_name(g.dtype), g.block_size, flops_per_byte(g),
-             kBaselineMethod);
+             g.latent() ? " (latent: V is K's prefix)" : "", g.block_size, caches, kBaselineMethod);
   if (!rep.prefetch_auto.empty()) fmt::print("prefetch auto on this CPU: {}\n\n", rep.prefetch_auto);
-  fmt::print("{:>16} {:>8} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>7} {:>7} {:>9} {:>9}\n",
+  // Several dtypes: a dtype column, and each later dtype's time over the first's.
+  const bool several = rep.dtypes.size() > 1;
+  const std::string vs_first = several ? fmt::format("vs {}", dtype_name(rep.dtypes.front())) : "";
+  fmt::print("{:>21} {:>8} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>7} {:>7} {:>9} {:>9}",
              "target", "prefetch", "context", "q_len", "window", "shared", "mode", "chunk", "kernel us", "K/V GB/s", "read GB/s",
              "of read", "peak GF/s", "of roof", "bound", "vs q1", "vs naive", "vs twins");
+  if (several) fmt::print(" {:>8} {:>8}", "dtype", vs_first);
+  fmt::print("\n");
   for (const KernelRow& r : rep.rows) {
     fmt::print(
-        "{:>16} {:>8} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>7} "
-        "{:>7} {:>9} {:>9}\n",
+        "{:>21} {:>8} {:>8} {:>5} {:>6} {:>6} {:>14} {:>6} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>10.1f} {:>9.3f} {:>7} "
+        "{:>7} {:>9} {:>9}",
         r.target, r.prefetch.empty() ? "-" : r.prefetch, r.context, r.q_len, r.window, r.shared_prefix, r.mode,
         r.chunk_tokens, r.kernel_s * 1e6, r.bandwidth() / 1e9, r.baseline / 1e9, r.bandwidth() / r.baseline, r.compute_peak / 1e9,
         rep.fraction_of_roofline(r), rep.bound(r), ratio_cell(rep.time_over_one_row(r), 2),
         ratio_cell(r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0, 1),
         ratio_cell(r.unshared_s > 0 ? r.unshared_s / r.kernel_s : 0.0, 2));
+    if (several) fmt::print(" {:>8} {:>8}", dtype_name(r.dtype), ratio_cell(rep.time_over_first_dtype(r), 2));
+    fmt::print("\n");
   }
 }
 
@@ -79,16 +102,17 @@ void print_json(const KernelReport& rep) {
              "\"block_size\": {}, \"split_tokens\": {}, \"flops_per_kv_byte_and_row\": {:.3f}, \"baseline_method\": "
              "\"{}\", \"prefetch_auto\": \"{}\", \"rows\": [",
              rep.backend, rep.device, rep.threads, rep.batch, g.num_q_heads, g.num_kv_heads, g.head_dim, g.v_dim(),
-             dtype_name(g.dtype), g.block_size, rep.split_tokens, flops_per_byte(g), kBaselineMethod, rep.prefetch_auto);
+             dtype_name(g.dtype), g.block_size, rep.split_tokens, flops_per_byte(g, g.dtype), kBaselineMethod,
+             rep.prefetch_auto);
   for (size_t i = 0; i < rep.rows.size(); ++i) {
     const KernelRow& r = rep.rows[i];
-    fmt::print("{}{{\"target\": \"{}\", \"prefetch\": \"{}\", \"context\": {}, \"q_len\": {}, \"window\": {}, \"shared_prefix\": {}, "
+    fmt::print("{}{{\"dtype\": \"{}\", \"time_over_first_dtype\": {:.3f}, \"selection\": \"{}\", \"target\": \"{}\", \"prefetch\": \"{}\", \"context\": {}, \"q_len\": {}, \"window\": {}, \"shared_prefix\": {}, "
                "\"mode\": \"{}\", \"chunk_tokens\": {}, \"kernel_us\": {:.2f}, \"kv_bytes\": {:.0f}, \"flops\": {:.0f}, "
                "\"kv_gb_per_s\": {:.3f}, \"baseline_gb_per_s\": {:.3f}, \"fraction_of_baseline\": {:.4f}, "
                "\"fma_peak_gflops\": {:.2f}, \"compute_unit\": \"{}\", \"roofline_us\": {:.2f}, \"fraction_of_roofline\": {:.4f}, "
                "\"bound\": \"{}\", \"time_over_q_len_1\": {:.3f}, \"naive_us\": {:.2f}, \"speedup_over_naive\": {:.3f}, "
                "\"unshared_us\": {:.2f}, \"speedup_over_unshared\": {:.3f}}}",
-               i ? ", " : "", r.target, r.prefetch, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens,
+               i ? ", " : "", dtype_name(r.dtype), rep.time_over_first_dtype(r), r.selection, r.target, r.prefetch, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens,
                r.kernel_s * 1e6, r.kv_bytes, r.flops, r.bandwidth() / 1e9, r.baseline / 1e9,
                r.bandwidth() / r.baseline, r.compute_peak / 1e9, r.compute, rep.roofline_seconds(r) * 1e6,
                rep.fraction_of_roofline(r), rep.bound(r), rep.time_over_one_row(r), r.naive_s * 1e6,

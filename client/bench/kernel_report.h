@@ -8,11 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "pagoda/dtype.h"
 #include "pagoda/paged_kv.h"
 
 namespace pagoda::bench {
 
 struct KernelRow {
+  DType dtype = DType::kFloat16;  // the cache's
+  std::string selection;   // the --target asked for (best, avx2, ...): rows of two dtypes compare under it
   std::string target;      // SIMD target that ran (CPU), or "cuda"
   std::string prefetch;    // the CPU's prefetch selection: auto, l1 or l2 ("" for CUDA)
   int32_t context = 0;
@@ -36,7 +39,8 @@ struct KernelRow {
 struct KernelReport {
   std::string backend;
   std::string device;
-  CacheGeometry geometry;
+  CacheGeometry geometry;  // the first dtype's; the others differ in dtype alone
+  std::vector<DType> dtypes;  // in the order timed
   int32_t batch = 0;
   int32_t split_tokens = 0;
   int32_t threads = 0;
@@ -51,6 +55,10 @@ struct KernelReport {
   // A row of several query rows per sequence: its time over the same target,
   // prefetch, context, window, sharing and mode with one (0: no such row).
   double time_over_one_row(const KernelRow& r) const;
+  // A row of a later dtype: its time over the first dtype's row of the same
+  // requested target, prefetch, context, q_len, window, sharing and mode (0:
+  // none, or the first dtype's own row).
+  double time_over_first_dtype(const KernelRow& r) const;
 };
 
 void print_table(const KernelReport& report);

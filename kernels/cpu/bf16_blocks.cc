@@ -7,9 +7,6 @@
 #include "cpu/bf16_blocks_inl.h"
 
 namespace pagoda::cpu::bf16 {
-namespace {
-constexpr int kMaxPairs = 576 / 2;  // the widest head of the vocabulary, in pairs
-}  // namespace
 
 bool cpu_has_avx512_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -20,19 +17,23 @@ bool cpu_has_avx512_bf16() {
 }
 
 PAGODA_BF16_TARGET void pack_q(const float* const* q, int32_t d, uint16_t* qb) {
-  // Row r's q as bf16 pairs (one 32-bit word per pair), then word k of every
-  // row side by side: tile c, row k holds pair 16c + k of rows 0..15.
-  alignas(64) uint32_t pairs[kTileRows][kMaxPairs];
-  for (int r = 0; r < kTileRows; ++r) {
-    for (int32_t e = 0; e < d; e += 32) {
-      const __m512bh bf = q[r] ? _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q[r] + e + 16), _mm512_loadu_ps(q[r] + e))
-                               : reinterpret_cast<__m512bh>(_mm512_setzero_si512());
-      std::memcpy(&pairs[r][e / 2], &bf, sizeof(bf));
+  // Row r's q as bf16 pairs (one 32-bit word per pair), word k of every row
+  // side by side: tile c, row k holds pair 16c + k of rows 0..15. Each 16
+  // pairs of the 16 rows are a 16 x 16 block of words, transposed in
+  // registers: copied a word at a time through a stack array, the packing
+  // (once per task) took 1.7% of an e4m3 GQA 4 decode's kernel profile, 0.9%
+  // so (AMD Zen 5, one thread, 2048 tokens).
+  auto* out = reinterpret_cast<float*>(qb);
+  for (int32_t e = 0; e < d; e += 32) {
+    __m512 rows[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) {
+      rows[r] = q[r] ? reinterpret_cast<__m512>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q[r] + e + 16),
+                                                                    _mm512_loadu_ps(q[r] + e)))
+                     : _mm512_setzero_ps();
     }
-  }
-  auto* words = reinterpret_cast<uint32_t*>(qb);
-  for (int32_t k = 0; k < d / 2; ++k) {
-    for (int r = 0; r < kTileRows; ++r) words[k * kTileRows + r] = pairs[r][k];
+    __m512 pairs[kTileRows];
+    transpose16(rows, pairs);
+    for (int k = 0; k < kTileRows; ++k) _mm512_storeu_ps(out + (e / 2 + k) * kTileRows, pairs[k]);
   }
 }
 

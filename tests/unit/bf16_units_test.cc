@@ -14,6 +14,7 @@
 #include "cpu/bf16_dot.h"
 #include "pagoda/cpu_targets.h"
 #include "pagoda/host_convert.h"
+#include "pagoda/vocabulary.h"
 
 namespace pagoda::testing {
 namespace {
@@ -482,6 +483,32 @@ TEST(Bf16DotUnit, PvOfPairMajorWeightsHasTheBitsOfRowMajorOnes) {
             ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << "row " << r << " element " << e;
           }
         }
+      }
+    }
+  }
+}
+
+// pack_q's layout, word by word: pair k of row r (q[r][2k] in the low half,
+// q[r][2k + 1] in the high, each rounded to nearest bf16) at word 16k + r, a
+// missing row's words zero, for every head_dim of the vocabulary.
+TEST(Bf16Pack, QIsEachPairOfTheSixteenRowsSideBySide) {
+  if (!cpu::avx512_bf16_available()) GTEST_SKIP() << DotOps::kMissing;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  for (const int32_t d : kHeadDims) {
+    std::vector<float> q(static_cast<size_t>(kTileRows) * d);
+    for (float& x : q) x = normal(rng);
+    const float* rows[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) rows[r] = r % 5 == 3 ? nullptr : q.data() + static_cast<size_t>(r) * d;
+    std::vector<uint16_t> qb(static_cast<size_t>(kTileRows) * d, 0xFFFF);
+    cpu::bf16::pack_q(rows, d, qb.data());
+    for (int32_t k = 0; k < d / 2; ++k) {
+      for (int r = 0; r < kTileRows; ++r) {
+        const size_t word = static_cast<size_t>(k) * kTileRows + r;
+        const uint16_t lo = rows[r] ? float_to_bf16(rows[r][2 * k]) : 0;
+        const uint16_t hi = rows[r] ? float_to_bf16(rows[r][2 * k + 1]) : 0;
+        ASSERT_EQ(qb[2 * word], lo) << "d " << d << ", pair " << k << ", row " << r << ": low half";
+        ASSERT_EQ(qb[2 * word + 1], hi) << "d " << d << ", pair " << k << ", row " << r << ": high half";
       }
     }
   }

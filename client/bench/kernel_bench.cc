@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -85,30 +86,47 @@ Status fill_cache(BackendStream& stream, const CacheGeometry& g, const KernelOpt
   return Status::Ok();
 }
 
-// One row's launch timed in rounds of (baseline read, a few launches), so that
-// both see the same moment of a shared machine; medians over rounds.
+// One launch of one cache: the stream it runs on and its outputs (each
+// cache's own counts; the output buffers may be shared).
+struct Job {
+  BackendStream* stream;
+  const DecodeLaunch* launch;
+  DecodeOutputs* d;
+};
+
+// A row's launches, one per cache, timed in rounds: each round takes every
+// cache in turn, a baseline read and a few launches, so that all of them and
+// their baselines see the same moments of a shared machine (a cache timed
+// after another one's rounds had met a different neighbour: an fp8 row came
+// out at 0.49x and 0.94x fp16's in two runs); medians over rounds.
 struct Timed {
   double kernel_s = 0;
   double baseline = 0;
 };
 
-StatusOr<Timed> time_launch(BackendStream& stream, const DecodeLaunch& launch, DecodeOutputs& d,
-                            const KernelOptions& o) {
-  for (int32_t i = 0; i < 2; ++i) PAGODA_RETURN_IF_ERROR(stream.decode(launch, d));  // warm-up
-  std::vector<double> times, baselines;
+StatusOr<std::vector<Timed>> time_launches(std::span<const Job> jobs, const KernelOptions& o) {
+  for (const Job& j : jobs) {
+    for (int32_t i = 0; i < 2; ++i) PAGODA_RETURN_IF_ERROR(j.stream->decode(*j.launch, *j.d));  // warm-up
+  }
+  std::vector<std::vector<double>> times(jobs.size()), baselines(jobs.size());
   const int32_t per_round = std::max(1, o.iters / o.rounds);
   for (int32_t round = 0; round < o.rounds; ++round) {
-    StatusOr<double> baseline = stream.measure_memory_bandwidth(d.kv_bytes_read);
-    if (!baseline.ok()) return baseline.status();
-    baselines.push_back(*baseline);
-    std::vector<double> round_times;
-    for (int32_t i = 0; i < per_round; ++i) {
-      PAGODA_RETURN_IF_ERROR(stream.decode(launch, d));
-      round_times.push_back(d.attention_seconds);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Job& j = jobs[i];
+      StatusOr<double> baseline = j.stream->measure_memory_bandwidth(j.d->kv_bytes_read);
+      if (!baseline.ok()) return baseline.status();
+      baselines[i].push_back(*baseline);
+      std::vector<double> round_times;
+      for (int32_t n = 0; n < per_round; ++n) {
+        PAGODA_RETURN_IF_ERROR(j.stream->decode(*j.launch, *j.d));
+        round_times.push_back(j.d->attention_seconds);
+      }
+      times[i].push_back(median(round_times));
     }
-    times.push_back(median(round_times));
   }
-  return Timed{median(times), median(baselines)};
+  std::vector<Timed> timed(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) timed[i] = {median(times[i]), median(baselines[i])};
+  return timed;
 }
 
 // 2 FLOPs per multiply-add of q.k (head_dim wide) and of p.v (v_head_dim
@@ -122,12 +140,17 @@ double launch_flops(const CacheGeometry& g, int32_t batch, int32_t context, int3
   return 2.0 * (g.head_dim + g.v_dim()) * g.num_q_heads * static_cast<double>(keys) * batch;
 }
 
-// Every row of one cache dtype on its own backend, appended to the report;
-// the first dtype's backend names the report. 0, or an exit status.
-int time_dtype(const KernelOptions& o, DType dtype, KernelReport& report) {
-  const bool cpu = o.backend == "cpu";
-  const int32_t max_context = *std::max_element(o.contexts.begin(), o.contexts.end());
-  const int32_t blocks_per_seq = (max_context + o.block_size - 1) / o.block_size;
+// One cache dtype: its backend and stream, the cache filled, and the naive
+// path's copy of the same values (null with --no-naive).
+struct DtypeCache {
+  DType dtype;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<BackendStream> stream;
+  std::unique_ptr<NaiveCache> naive;
+};
+
+// 0, or an exit status (the message printed).
+int open_cache(const KernelOptions& o, DType dtype, int32_t max_context, int32_t blocks_per_seq, DtypeCache* c) {
   BackendOptions bo;
   bo.kind = o.backend;
   bo.cpu_threads = o.threads;
@@ -139,153 +162,19 @@ int time_dtype(const KernelOptions& o, DType dtype, KernelReport& report) {
     fmt::print(stderr, "pagoda-bench kernel: {}\n", made.status().message());
     return 2;
   }
-  const CacheGeometry& g = (*made)->geometry();
   auto opened = (*made)->open_stream();
   if (!opened.ok()) {
     fmt::print(stderr, "pagoda-bench kernel: {}\n", opened.status().message());
     return 1;
   }
-  BackendStream& stream = **opened;
-  NaiveCache naive_cache{g, o.batch, max_context};
-  if (Status s = fill_cache(stream, g, o, max_context, blocks_per_seq, o.naive ? &naive_cache : nullptr); !s.ok()) {
+  c->dtype = dtype;
+  c->backend = std::move(*made);
+  c->stream = std::move(*opened);
+  const CacheGeometry& g = c->backend->geometry();
+  if (o.naive) c->naive = std::make_unique<NaiveCache>(g, o.batch, max_context);
+  if (Status s = fill_cache(*c->stream, g, o, max_context, blocks_per_seq, c->naive.get()); !s.ok()) {
     fmt::print(stderr, "pagoda-bench kernel: append: {}\n", s.message());
     return 1;
-  }
-
-  std::vector<int32_t> indptr(o.batch + 1), ids(static_cast<size_t>(o.batch) * blocks_per_seq);
-  for (int32_t b = 0; b <= o.batch; ++b) indptr[b] = b * blocks_per_seq;
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-  // Forks: the first shared_prefix tokens of every sequence in sequence 0's
-  // blocks, as ForkSequence leaves them; the unshared tables above are their twins.
-  const int32_t shared_blocks = o.shared_prefix / o.block_size;
-  std::vector<int32_t> fork_ids = ids;
-  for (int32_t b = 1; b < o.batch; ++b) {
-    for (int32_t j = 0; j < shared_blocks; ++j) fork_ids[static_cast<size_t>(b) * blocks_per_seq + j] = j;
-  }
-  const int32_t max_q_len = *std::max_element(o.q_lens.begin(), o.q_lens.end());
-  const size_t max_rows = static_cast<size_t>(o.batch) * max_q_len;
-  std::vector<float> q(max_rows * g.num_q_heads * g.head_dim);
-  for (size_t i = 0; i < q.size(); ++i) q[i] = value_at(i + (1ull << 60));
-  std::vector<float> out(max_rows * g.num_q_heads * g.v_dim()), lse(max_rows * g.num_q_heads);
-  std::vector<int32_t> splits(o.batch);
-  const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
-
-  if (report.dtypes.empty()) {
-    report.backend = (*made)->name();
-    report.device = (*made)->device_name();
-    report.geometry = g;
-    report.batch = o.batch;
-    report.split_tokens = o.split_tokens;
-    report.threads = cpu ? (*made)->num_workers() : 0;
-    if (cpu) {
-      (void)cpu::select_prefetch_level("auto");
-      report.prefetch_auto = cpu::prefetch_level_name() + "; " + cpu::prefetch_distance_name();
-    }
-  }
-  report.dtypes.push_back(dtype);
-  // Every (context, q_len, window, mode) row of one target and prefetch
-  // selection, from `base` (which names them and the compute roof).
-  const auto time_rows = [&](const KernelRow& base) -> bool {
-    for (int32_t context : o.contexts) {
-      std::vector<int32_t> lengths(o.batch, context);
-      double naive_s = 0;  // the naive path: one row per sequence, no window
-      if (o.naive && cpu) {
-        std::vector<double> times;
-        for (int32_t i = 0; i < std::max(3, o.iters / 5); ++i) {
-          const auto t0 = std::chrono::steady_clock::now();
-          naive_cache.decode(q.data(), context, scale, out.data(), o.threads);
-          times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        }
-        naive_s = median(times);
-      }
-      for (int32_t q_len : o.q_lens) {
-        if (q_len > context) continue;
-        std::vector<int32_t> q_indptr(o.batch + 1);
-        for (int32_t b = 0; b <= o.batch; ++b) q_indptr[b] = b * q_len;
-        for (int32_t window : o.windows) {
-          for (const std::string& mode : o.modes) {
-            DecodeLaunch launch;
-            launch.tables = {o.batch, indptr.data(), ids.data(), lengths.data()};
-            launch.q = q.data();
-            launch.scale = scale;
-            launch.mode = mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
-            launch.split_tokens = o.split_tokens;
-            launch.q_indptr = q_len > 1 ? q_indptr.data() : nullptr;
-            launch.sliding_window = window;
-            DecodeOutputs d{out.data(), lse.data(), splits.data()};
-            KernelRow r = base;
-            r.context = context;
-            r.q_len = q_len;
-            r.window = window;
-            r.mode = mode;
-            r.flops = launch_flops(g, o.batch, context, q_len, window);
-            // The twins first (or the only row without --shared-prefix), then the forks.
-            for (const bool forks : {false, true}) {
-              if (forks && o.shared_prefix == 0) break;
-              if (forks) launch.tables.block_ids = fork_ids.data();
-              StatusOr<Timed> timed = time_launch(stream, launch, d, o);
-              if (!timed.ok()) {
-                fmt::print(stderr, "pagoda-bench kernel: {}\n", timed.status().message());
-                return false;
-              }
-              if (forks) r.unshared_s = r.kernel_s;
-              r.shared_prefix = forks ? shared_blocks * o.block_size : 0;
-              r.kernel_s = timed->kernel_s;
-              r.baseline = timed->baseline;
-              r.kv_bytes = static_cast<double>(d.kv_bytes_read);
-              r.chunk_tokens = d.chunk_tokens;
-              r.naive_s = q_len == 1 && window == 0 && !forks ? naive_s : 0;
-              report.rows.push_back(r);
-            }
-          }
-        }
-      }
-    }
-    return true;
-  };
-  for (const std::string& target : o.targets) {
-    if (cpu) {
-      if (Status s = cpu::select_simd_target(target); !s.ok()) {
-        fmt::print(stderr, "pagoda-bench kernel: {}\n", s.message());
-        return 2;
-      }
-    }
-    const cpu::MatrixUnit unit = cpu ? cpu::matrix_unit_for(g) : cpu::MatrixUnit::kNone;
-    KernelRow base;
-    base.dtype = dtype;
-    base.selection = target;
-    base.target = cpu ? cpu::kernel_target_name(g) : "cuda";
-    // The compute roof on the same threads and unit (the matrix unit's where
-    // one serves the cache), next to the rows it bounds.
-    base.compute_peak = cpu ? cpu::measure_compute_peak(g, report.threads) : 0.0;
-    base.compute = unit == cpu::MatrixUnit::kAmx          ? "amx"
-                   : unit == cpu::MatrixUnit::kAvx512Bf16 ? "bf16dot"
-                                                          : "fma";
-    const size_t target_rows = report.rows.size();
-    for (const std::string& prefetch : o.prefetch) {
-      if (cpu) {
-        if (Status s = cpu::select_prefetch_level(prefetch); !s.ok()) {
-          fmt::print(stderr, "pagoda-bench kernel: {}\n", s.message());
-          return 2;
-        }
-        base.prefetch = prefetch;
-      }
-      if (!time_rows(base)) return 1;
-    }
-    if (cpu) {
-      // The peak is the hardware's, and a neighbour on a shared host only
-      // lowers a measurement of it (one measured at two thirds of the next
-      // run's turned an fp16 row's bound from memory to fma): the higher of
-      // one taken before the target's rows and one after stands for them all.
-      const double after = cpu::measure_compute_peak(g, report.threads);
-      for (size_t i = target_rows; i < report.rows.size(); ++i) {
-        report.rows[i].compute_peak = std::max(report.rows[i].compute_peak, after);
-      }
-    }
-  }
-  if (cpu) {
-    (void)cpu::select_simd_target("best");
-    (void)cpu::select_prefetch_level("auto");
   }
   return 0;
 }
@@ -314,18 +203,174 @@ int run(const KernelOptions& o) {
     fmt::print(stderr, "pagoda-bench kernel: --prefetch: expected auto with --backend cuda, received a CPU level\n");
     return 2;
   }
+  const int32_t max_context = *std::max_element(o.contexts.begin(), o.contexts.end());
   const int32_t min_context = *std::min_element(o.contexts.begin(), o.contexts.end());
   if (o.shared_prefix > min_context) {
     fmt::print(stderr, "pagoda-bench kernel: --shared-prefix: expected at most the shortest --context ({}), received {}\n",
                min_context, o.shared_prefix);
     return 2;
   }
-  // One backend at a time: each holds its own cache, filled with the same
-  // values rounded to its dtype.
-  KernelReport report;
-  for (const DType dtype : dtypes) {
-    if (const int rc = time_dtype(o, dtype, report); rc != 0) return rc;
+  const int32_t blocks_per_seq = (max_context + o.block_size - 1) / o.block_size;
+  // Every dtype's cache at once, filled with the same values rounded to it,
+  // so that their launches can take turns in each round.
+  std::vector<DtypeCache> caches(dtypes.size());
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    if (const int rc = open_cache(o, dtypes[i], max_context, blocks_per_seq, &caches[i]); rc != 0) return rc;
   }
+  const CacheGeometry& g = caches.front().backend->geometry();  // the dtypes differ in nothing else
+
+  std::vector<int32_t> indptr(o.batch + 1), ids(static_cast<size_t>(o.batch) * blocks_per_seq);
+  for (int32_t b = 0; b <= o.batch; ++b) indptr[b] = b * blocks_per_seq;
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  // Forks: the first shared_prefix tokens of every sequence in sequence 0's
+  // blocks, as ForkSequence leaves them; the unshared tables above are their twins.
+  const int32_t shared_blocks = o.shared_prefix / o.block_size;
+  std::vector<int32_t> fork_ids = ids;
+  for (int32_t b = 1; b < o.batch; ++b) {
+    for (int32_t j = 0; j < shared_blocks; ++j) fork_ids[static_cast<size_t>(b) * blocks_per_seq + j] = j;
+  }
+  const int32_t max_q_len = *std::max_element(o.q_lens.begin(), o.q_lens.end());
+  const size_t max_rows = static_cast<size_t>(o.batch) * max_q_len;
+  std::vector<float> q(max_rows * g.num_q_heads * g.head_dim);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = value_at(i + (1ull << 60));
+  std::vector<float> out(max_rows * g.num_q_heads * g.v_dim()), lse(max_rows * g.num_q_heads);
+  std::vector<int32_t> splits(o.batch);
+  const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
+
+  KernelReport report;
+  report.backend = caches.front().backend->name();
+  report.device = caches.front().backend->device_name();
+  report.geometry = g;
+  report.dtypes = dtypes;
+  report.batch = o.batch;
+  report.split_tokens = o.split_tokens;
+  report.threads = cpu ? caches.front().backend->num_workers() : 0;
+  if (cpu) {
+    (void)cpu::select_prefetch_level("auto");
+    report.prefetch_auto = cpu::prefetch_level_name() + "; " + cpu::prefetch_distance_name();
+  }
+  // Every (context, q_len, window, mode) row of one target and prefetch
+  // selection, from each cache's `bases` (which name them and the compute roof).
+  const auto time_rows = [&](const std::vector<KernelRow>& bases) -> bool {
+    for (int32_t context : o.contexts) {
+      std::vector<int32_t> lengths(o.batch, context);
+      std::vector<double> naive_s(caches.size(), 0.0);  // the naive path: one row per sequence, no window
+      for (size_t c = 0; c < caches.size() && cpu; ++c) {
+        if (!caches[c].naive) continue;
+        std::vector<double> times;
+        for (int32_t i = 0; i < std::max(3, o.iters / 5); ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          caches[c].naive->decode(q.data(), context, scale, out.data(), o.threads);
+          times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        naive_s[c] = median(times);
+      }
+      for (int32_t q_len : o.q_lens) {
+        if (q_len > context) continue;
+        std::vector<int32_t> q_indptr(o.batch + 1);
+        for (int32_t b = 0; b <= o.batch; ++b) q_indptr[b] = b * q_len;
+        for (int32_t window : o.windows) {
+          for (const std::string& mode : o.modes) {
+            DecodeLaunch launch;
+            launch.tables = {o.batch, indptr.data(), ids.data(), lengths.data()};
+            launch.q = q.data();
+            launch.scale = scale;
+            launch.mode = mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
+            launch.split_tokens = o.split_tokens;
+            launch.q_indptr = q_len > 1 ? q_indptr.data() : nullptr;
+            launch.sliding_window = window;
+            std::vector<DecodeOutputs> outputs(caches.size(), DecodeOutputs{out.data(), lse.data(), splits.data()});
+            std::vector<Job> jobs;
+            for (size_t c = 0; c < caches.size(); ++c) jobs.push_back({caches[c].stream.get(), &launch, &outputs[c]});
+            std::vector<KernelRow> rows = bases;
+            // The twins first (or the only rows without --shared-prefix), then the forks.
+            for (const bool forks : {false, true}) {
+              if (forks && o.shared_prefix == 0) break;
+              if (forks) launch.tables.block_ids = fork_ids.data();
+              StatusOr<std::vector<Timed>> timed = time_launches(jobs, o);
+              if (!timed.ok()) {
+                fmt::print(stderr, "pagoda-bench kernel: {}\n", timed.status().message());
+                return false;
+              }
+              for (size_t c = 0; c < caches.size(); ++c) {
+                KernelRow& r = rows[c];
+                const DecodeOutputs& d = outputs[c];
+                r.context = context;
+                r.q_len = q_len;
+                r.window = window;
+                r.mode = mode;
+                r.flops = launch_flops(g, o.batch, context, q_len, window);
+                if (forks) r.unshared_s = r.kernel_s;
+                r.shared_prefix = forks ? shared_blocks * o.block_size : 0;
+                r.kernel_s = (*timed)[c].kernel_s;
+                r.baseline = (*timed)[c].baseline;
+                r.kv_bytes = static_cast<double>(d.kv_bytes_read);
+                r.chunk_tokens = d.chunk_tokens;
+                r.naive_s = q_len == 1 && window == 0 && !forks ? naive_s[c] : 0;
+                report.rows.push_back(r);
+              }
+            }
+          }
+        }
+      }
+    }
+    return true;
+  };
+  for (const std::string& target : o.targets) {
+    if (cpu) {
+      if (Status s = cpu::select_simd_target(target); !s.ok()) {
+        fmt::print(stderr, "pagoda-bench kernel: {}\n", s.message());
+        return 2;
+      }
+    }
+    std::vector<KernelRow> bases(caches.size());
+    for (size_t c = 0; c < caches.size(); ++c) {
+      const CacheGeometry& cg = caches[c].backend->geometry();
+      const cpu::MatrixUnit unit = cpu ? cpu::matrix_unit_for(cg) : cpu::MatrixUnit::kNone;
+      KernelRow& base = bases[c];
+      base.dtype = caches[c].dtype;
+      base.selection = target;
+      base.target = cpu ? cpu::kernel_target_name(cg) : "cuda";
+      // The compute roof on the same threads and unit (the matrix unit's where
+      // one serves the cache), next to the rows it bounds.
+      base.compute_peak = cpu ? cpu::measure_compute_peak(cg, report.threads) : 0.0;
+      base.compute = unit == cpu::MatrixUnit::kAmx          ? "amx"
+                     : unit == cpu::MatrixUnit::kAvx512Bf16 ? "bf16dot"
+                                                            : "fma";
+    }
+    const size_t target_rows = report.rows.size();
+    for (const std::string& prefetch : o.prefetch) {
+      if (cpu) {
+        if (Status s = cpu::select_prefetch_level(prefetch); !s.ok()) {
+          fmt::print(stderr, "pagoda-bench kernel: {}\n", s.message());
+          return 2;
+        }
+        for (KernelRow& base : bases) base.prefetch = prefetch;
+      }
+      if (!time_rows(bases)) return 1;
+    }
+    if (cpu) {
+      // The peak is the hardware's, and a neighbour on a shared host only
+      // lowers a measurement of it (one measured at two thirds of the next
+      // run's turned an fp16 row's bound from memory to fma): the higher of
+      // one taken before the target's rows and one after stands for them all.
+      for (size_t c = 0; c < caches.size(); ++c) {
+        const double after = cpu::measure_compute_peak(caches[c].backend->geometry(), report.threads);
+        for (size_t i = target_rows; i < report.rows.size(); ++i) {
+          KernelRow& r = report.rows[i];
+          if (r.dtype == caches[c].dtype) r.compute_peak = std::max(r.compute_peak, after);
+        }
+      }
+    }
+  }
+  if (cpu) {
+    (void)cpu::select_simd_target("best");
+    (void)cpu::select_prefetch_level("auto");
+  }
+  // Each dtype's rows together, in the order the dtypes were given.
+  std::stable_sort(report.rows.begin(), report.rows.end(), [&](const KernelRow& a, const KernelRow& b) {
+    return std::find(dtypes.begin(), dtypes.end(), a.dtype) < std::find(dtypes.begin(), dtypes.end(), b.dtype);
+  });
   if (o.json) {
     print_json(report);
   } else {

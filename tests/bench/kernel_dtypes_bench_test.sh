@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Usage: kernel_dtypes_bench_test.sh PAGODA_BENCH
 # pagoda-bench kernel --dtype with several caches:
-# 1. every requested (dtype, target, q_len, mode) row is reported, in the
-#    order asked, each dtype on its own cache;
+# 1. every requested (dtype, target, q_len, mode) row is reported, each
+#    dtype's rows together in the order asked, each dtype on its own cache;
 # 2. a later dtype's time_over_first_dtype is its kernel time over the first
 #    dtype's row of the same requested target, q_len and mode (recomputed here
 #    from the reported times); the first dtype's rows have none;

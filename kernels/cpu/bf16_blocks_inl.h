@@ -72,6 +72,8 @@ PAGODA_BF16_TARGET inline void transpose16(const float* in, __m512 out[16]) {
 // 0.93x on one thread from memory; bf16 0.92x, head_dim 64 0.95x;
 // cache-resident level.
 inline constexpr int kPairsPerRequestTick = 2;
+// The ticks of one such pass over a 32-key group.
+inline constexpr int kRequestTicksPerPvGroup = kPvKeys / 2 / kPairsPerRequestTick;
 
 // Issues `requests` in `steps` near-equal parts, one per tick().
 class Spread {

@@ -14,6 +14,7 @@ namespace pagoda::cpu::bf16dot {
 namespace {
 
 using bf16::kPairsPerRequestTick;
+using bf16::kRequestTicksPerPvGroup;
 using bf16::kPvKeys;
 using bf16::kTileRows;
 using bf16::kValuesPerTile;
@@ -48,6 +49,17 @@ PAGODA_BF16_TARGET inline void with_key_stride(int32_t d, const KeyRows* keys, i
   fn(std::integral_constant<int64_t, 0>());
 }
 
+// Line-request ticks per group of 16 keys for each score form (the callers
+// add one after the group): the quads and the packed pairs tick every
+// kQuadTickPairs pairs, the transposed form every kTransposedTickPairs pairs
+// of each of its blocks (every 16 sent bursts of a quarter of the keys' lines:
+// bf16 GQA 4 with four query rows, 8 x 4096 tokens, AMD Zen 5: 0.96x the time
+// on 2 threads, 0.95x on one; GQA 8 and cache-resident level).
+constexpr int32_t kQuadTickPairs = 16;
+constexpr int32_t kTransposedTickPairs = 4;
+constexpr int32_t quad_ticks(int32_t d) { return d / 2 / kQuadTickPairs; }
+constexpr int32_t transposed_ticks(int32_t d) { return d / 2 / kTransposedTickPairs; }
+
 // Scores of 9 to 16 rows, the rows in the lanes of 512-bit vectors, for
 // kBlocks blocks of 16 rows against the same keys: st[b][j][r] = scale *
 // (q_b[r] . key j) for the first n keys of `keys`. One block takes its 16
@@ -62,11 +74,8 @@ template <int kBlocks, int64_t kStride>
 PAGODA_BF16_TARGET inline void scores_transposed(const uint16_t* const* qb, int32_t d, const KeyRows& keys,
                                                 __m512 scale, int32_t n, float* const* st, Spread& spread) {
   constexpr int kKeys = kTileRows / kBlocks;
-  // d / 8 ticks over all the passes: a tick every 16 pairs sent bursts of a
-  // quarter of the keys' lines (bf16 GQA 4 with four query rows, 8 x 4096
-  // tokens, AMD Zen 5: 0.96x the time on 2 threads, 0.95x on one; GQA 8 and
-  // cache-resident level).
-  constexpr int32_t kTickPairs = 4 * kBlocks;
+  // transposed_ticks(d) over all the passes.
+  constexpr int32_t kTickPairs = kTransposedTickPairs * kBlocks;
   const int64_t stride = kStride > 0 ? kStride : keys.stride;
   for (int h = 0; h < kBlocks; ++h) {
     const auto* k = reinterpret_cast<const char*>(keys.k) + h * kKeys * stride;
@@ -141,7 +150,7 @@ PAGODA_BF16_TARGET inline void scores_by_quads(const uint16_t* qb, int32_t d, co
         }
       }
     }
-    if ((p & 15) == 12) {
+    if (p % kQuadTickPairs == kQuadTickPairs - 4) {  // the last step of 4 pairs of kQuadTickPairs
       for (int g = 0; g < kGroups; ++g) spread.tick();
     }
   }
@@ -180,8 +189,8 @@ PAGODA_BF16_TARGET inline void scores_pairs(const uint16_t* qb, int32_t d, const
   __m512 acc[kRows][kGroups];
   for (auto& row : acc)
     for (auto& a : row) a = _mm512_setzero_ps();
-  for (int32_t p0 = 0; p0 < d / 2; p0 += 16) {
-    for (int32_t p = p0; p < p0 + 16; ++p) {
+  for (int32_t p0 = 0; p0 < d / 2; p0 += kQuadTickPairs) {
+    for (int32_t p = p0; p < p0 + kQuadTickPairs; ++p) {
       for (int g = 0; g < kGroups; ++g) {
         const __m512bh k = reinterpret_cast<__m512bh>(_mm512_loadu_si512(keys[g].k + 32 * p));
         for (int r = 0; r < kRows; ++r) {
@@ -326,12 +335,11 @@ PAGODA_BF16_TARGET inline void accumulate_in_place_block(const uint16_t* pa, con
                                                          float* acc, int64_t acc_stride, bool first,
                                                          Requests requests) {
   constexpr int kWide = kRows <= 2 ? 4 : 2;
-  constexpr int kTicksPerStep = kPvKeys / 2 / kPairsPerRequestTick;
   if ((dv / 32) % kWide == 0) {
-    Spread spread(requests, dv / 32 / kWide * kTicksPerStep);
+    Spread spread(requests, dv / 32 / kWide * kRequestTicksPerPvGroup);
     return accumulate_in_place_rows<kRows, kWide>(pa, v, dv, acc, acc_stride, first, spread);
   }
-  Spread spread(requests, dv / 32 * kTicksPerStep);
+  Spread spread(requests, dv / 32 * kRequestTicksPerPvGroup);
   accumulate_in_place_rows<kRows, 1>(pa, v, dv, acc, acc_stride, first, spread);
 }
 
@@ -344,9 +352,7 @@ bool available() {
 
 PAGODA_BF16_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups, int32_t rows,
                                float scale, float* out, int64_t out_stride, Requests requests) {
-  // Ticks per group: the quads' d / 32, or scores_transposed's d / 8, and one
-  // after the group.
-  Spread spread(requests, groups * ((rows <= 8 ? d / 32 : d / 8) + 1));
+  Spread spread(requests, groups * ((rows <= 8 ? quad_ticks(d) : transposed_ticks(d)) + 1));
   const __m512 vs = _mm512_set1_ps(scale);
   if (rows <= 8) {
     return with_key_stride(d, keys, groups, [&](auto stride) PAGODA_BF16_TARGET {
@@ -377,7 +383,7 @@ PAGODA_BF16_TARGET void scores(const uint16_t* qb, int32_t d, const KeyRows* key
 
 PAGODA_BF16_TARGET void scores_by_key(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups,
                                       float scale, float* out, Requests requests, const uint16_t* qb2, float* out2) {
-  Spread spread(requests, groups * (d / 8 + 1));
+  Spread spread(requests, groups * (transposed_ticks(d) + 1));
   const __m512 vs = _mm512_set1_ps(scale);
   for (int32_t gi = 0; gi < groups; ++gi) {
     const uint16_t* const q[2] = {qb, qb2};
@@ -393,7 +399,7 @@ PAGODA_BF16_TARGET void scores_by_key(const uint16_t* qb, int32_t d, const KeyRo
 
 PAGODA_BF16_TARGET void scores_packed(const uint16_t* qb, int32_t d, const KeyRows* keys, int32_t groups,
                                       int32_t rows, float scale, float* out, int64_t out_stride, Requests requests) {
-  Spread spread(requests, groups * (d / 32));
+  Spread spread(requests, groups * quad_ticks(d));
   const __m512 vs = _mm512_set1_ps(scale);
   const auto for_rows = [&](auto row_count) PAGODA_BF16_TARGET {
     constexpr int kRows = decltype(row_count)::value;

@@ -306,7 +306,7 @@ PAGODA_VBMI_BF16_TARGET void accumulate_in_place(DType format, const uint16_t* p
   const __m512i order[2] = {_mm512_load_si512(orders().pairs[0]), _mm512_load_si512(orders().pairs[1])};
   const uint8_t* codes[bf16::kPvKeys];
   for (int j = 0; j < bf16::kPvKeys; ++j) codes[j] = v[j] != nullptr ? v[j] : kZeroCodes;
-  bf16::Spread spread(requests, dv / 64 * (bf16::kPvKeys / 2 / bf16::kPairsPerRequestTick));
+  bf16::Spread spread(requests, dv / 64 * bf16::kRequestTicksPerPvGroup);
   switch (rows) {
     case 1: return accumulate_rows_from_codes<1>(t, order, pa, codes, dv, acc, acc_stride, first, spread);
     case 2: return accumulate_rows_from_codes<2>(t, order, pa, codes, dv, acc, acc_stride, first, spread);

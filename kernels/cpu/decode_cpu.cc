@@ -303,6 +303,14 @@ HWY_INLINE void store_scores(VF (&acc)[kRows][kTokens], float* const* HWY_RESTRI
 // tokens per step: each loaded K vector feeds kRows FMAs, each loaded q vector
 // one per token of the step, and one horizontal tree per four scores remains.
 // kLinesPerToken > 0: that many cache lines per token are requested as it goes.
+// AVX2 scores every group so: rows in the lanes from GQA 8 (q transposed, each
+// key element broadcast against a vector of 8 rows, no horizontal sum) took
+// more time on AMD Zen 5 at every width measured (one thread, 2048 tokens, K/V
+// in L3, this order's time: fp16 GQA 8 0.87-0.91x with one query row,
+// 0.93-0.96x with four, head_dim 64 0.96-0.98x, GQA 16 0.98-1.00x, GQA 32
+// 0.89-0.95x, latent attention with 16 and 32 heads 0.92x and with 128
+// 0.87-0.88x; 8 x 4096 tokens on 2 threads: GQA 8 0.86x with one query row,
+// 0.96x with four, latent attention 0.89-0.92x).
 template <typename T, int kD, int kRows, int kTok, int64_t kLinesPerToken>
 HWY_INLINE void score_step(const float* HWY_RESTRICT const* qr, const T* HWY_RESTRICT const* kt,
                            float* const* HWY_RESTRICT out, int64_t t, int64_t count, LinePrefetch& prefetch,
@@ -371,23 +379,28 @@ HWY_NOINLINE void score_rows(const float* const* HWY_RESTRICT q, Rows k, int64_t
   }
 }
 
-// ---- scores of quad rows (AVX-512, groups of 8 to 15) ---------------------------
+// ---- scores of quad rows (AVX-512, groups of 8 and wider) ----------------------
 
-// On AVX-512, from GQA 8 up to the rows-in-lanes groups, a vector holds four
-// rows x four consecutive elements of head_dim (lane 4r + s: row r, element
-// 4v + s of step v): q packed once per task, each step's four key elements
-// replicated into every 128-bit block by the load (a broadcast; for fp16 a
-// broadcast and one conversion), one FMA per row block and token. A score is
-// four chains (elements s, s + 4, ...) summed in one fixed tree inside its
-// 128-bit block: no lane-crossing sums, and each key read once for four row
-// blocks, where score_rows reduces 16-lane vectors (a fifth of its time) and
-// reads the keys once per block of four rows (one thread, 16 rows against 128
-// fp16 keys in L1: 0.90-0.93 of the FMA peak, score_rows's order 0.75-0.78).
-// Measured on AMD Zen 5, 2 threads, fp16 GQA 8, 8 x 4096 tokens: four query
-// rows 0.92-0.94x the time, one level. With one block (GQA 4 and one query
-// row) each replicated key feeds a single FMA: 1.16x the time there, so GQA 4
-// keeps score_rows's order, for every row count (a draft row has the bits of
-// its single-step decode). Like the rows-in-lanes order, the choice depends on
+// On AVX-512, from GQA 8 up, a vector holds four rows x four consecutive
+// elements of head_dim (lane 4r + s: row r, element 4v + s of step v): q
+// packed once per task, each step's four key elements replicated into every
+// 128-bit block by the load (a broadcast; for fp16 a broadcast and one
+// conversion), one FMA per row block and token. A score is four chains
+// (elements s, s + 4, ...) summed in one fixed tree inside its 128-bit block:
+// no lane-crossing sums, and each key read once for four row blocks, where
+// score_rows reduces 16-lane vectors (a fifth of its time) and reads the keys
+// once per block of four rows (one thread, 16 rows against 128 fp16 keys in
+// L1: 0.90-0.93 of the FMA peak, score_rows's order 0.75-0.78). Measured on
+// AMD Zen 5, 2 threads, fp16 GQA 8, 8 x 4096 tokens: four query rows
+// 0.92-0.94x the time, one level. Wider groups take them too, where rows in
+// the lanes (q transposed, each key element broadcast against a vector of 16
+// rows) had scored: one thread, 2048 tokens, K/V in L3, fp16 GQA 16 0.90-0.94x
+// the time, GQA 32 0.93-1.00x, latent attention (576-wide rows) with 16 heads
+// 0.78-0.79x, 32 0.91-0.92x (bf16 on the FMAs), 64 and 128 0.92-0.97x; 8 x
+// 4096 tokens on 2 threads, latent attention's 32 bf16 heads 0.85-0.88x. With
+// one block (GQA 4 and one query row) each replicated key feeds a single FMA:
+// 1.16x the time there, so GQA 4 keeps score_rows's order for every row count
+// (a draft row has the bits of its single-step decode). The choice depends on
 // the group alone; a score depends on its row's q and key only, whatever the
 // blocking, the other rows or the positions.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -530,156 +543,6 @@ HWY_INLINE void score_quads(const float* HWY_RESTRICT qp, int32_t rows, Rows k, 
   while (b < blocks) next(std::integral_constant<int64_t, 0>());
 }
 #endif
-
-// ---- scores with rows in lanes (wide groups) --------------------------------
-
-// From a vector's worth of query heads per KV head (16 on AVX-512, 8 on AVX2:
-// MLA's 16 to 128, GQA 8 on AVX2), scores put rows in the lanes instead of
-// head_dim: q transposed once per task
-// (qt[d][rows_pad], zero past the rows), each key element broadcast against a
-// vector of rows, a GEMM-style micro-kernel of kLaneVecs row vectors x
-// kLaneTokens tokens with no horizontal sum at all. A score is then one FMA
-// chain over d = 0 .. kD-1 in order, whatever the lanes, the blocking or the
-// other rows: the same bits for a row alone, among other positions or in a
-// shared chunk. The choice depends on the group alone (never on the rows), so
-// every decode of a geometry takes one of the two orders.
-// Below a vector's worth, lanes would sit idle (GQA 4 on AVX-512 measured 1.9x
-// slower at one query row) and the lane-tree order of score_rows is the faster.
-constexpr int kLaneTokens = 8;
-constexpr int64_t kRowLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
-constexpr int32_t kLaneRowsMinGroup = static_cast<int32_t>(kRowLanes);
-
-// q of the task's rows, transposed: qt[d * rows_pad + r] (rows_pad a multiple of
-// the vector), padding rows zero.
-template <int kD>
-HWY_NOINLINE void transpose_q(const PartialTask& t, int32_t rows, int64_t rows_pad, float* HWY_RESTRICT qt) {
-  std::fill(qt, qt + kD * rows_pad, 0.f);
-  for (int32_t r = 0; r < rows; ++r) {
-    const float* q = t.position[r / t.heads].q + static_cast<int64_t>(r % t.heads) * kD;
-    for (int64_t d = 0; d < kD; ++d) qt[d * rows_pad + r] = q[d];
-  }
-}
-
-// A whole step's scores (kLaneTokens tokens x one vector of rows, all live)
-// written row by row from `out` (row 0's first token), rows kSubBlockTokens
-// apart: the block transposed in registers, 4 rows x 4 tokens to a 128-bit
-// block by two interleaves, then each row's two token halves joined, where a
-// copy lane by lane through memory took a load and a store per score (AMD
-// Zen 5, fp16, one thread pinned, 2048 tokens: AVX2 GQA 8 0.94-0.96x the time,
-// AVX-512 GQA 16 0.94x; 2 threads, 8 x 4096 tokens, AVX2 GQA 8 0.97x; latent
-// attention's 576-wide rows level). Only where the stores go changes.
-#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-HWY_INLINE void store_lane_block(const VF (&acc)[kLaneTokens], float* HWY_RESTRICT out) {
-  static_assert(kLaneTokens == 8, "two halves of four tokens");
-  const DF df;
-  const hn::Repartition<double, DF> dd;
-  const auto lower = [&](VF a, VF b) {
-    return hn::BitCast(df, hn::InterleaveLower(dd, hn::BitCast(dd, a), hn::BitCast(dd, b)));
-  };
-  const auto upper = [&](VF a, VF b) {
-    return hn::BitCast(df, hn::InterleaveUpper(dd, hn::BitCast(dd, a), hn::BitCast(dd, b)));
-  };
-  VF u[2][4];  // u[h][m], 128-bit block b: row 4b + m, tokens 4h .. 4h + 3
-  for (int h = 0; h < 2; ++h) {
-    const VF* a = acc + 4 * h;
-    const VF t0 = hn::InterleaveLower(df, a[0], a[1]);
-    const VF t1 = hn::InterleaveUpper(df, a[0], a[1]);
-    const VF t2 = hn::InterleaveLower(df, a[2], a[3]);
-    const VF t3 = hn::InterleaveUpper(df, a[2], a[3]);
-    u[h][0] = lower(t0, t2);
-    u[h][1] = upper(t0, t2);
-    u[h][2] = lower(t1, t3);
-    u[h][3] = upper(t1, t3);
-  }
-  for (int m = 0; m < 4; ++m) {
-#if HWY_TARGET == HWY_AVX2
-    hn::StoreU(hn::ConcatLowerLower(df, u[1][m], u[0][m]), df, out + m * kSubBlockTokens);
-    hn::StoreU(hn::ConcatUpperUpper(df, u[1][m], u[0][m]), df, out + (4 + m) * kSubBlockTokens);
-#else
-    // Blocks (0, 2) and (1, 3) of both halves, then each row's two side by
-    // side: rows m and 8 + m, 4 + m and 12 + m.
-    const __m512 lo = u[0][m].raw;
-    const __m512 hi = u[1][m].raw;
-    const __m512 even = _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 odd = _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512 rows_0_8 = _mm512_shuffle_f32x4(even, even, _MM_SHUFFLE(3, 1, 2, 0));
-    const __m512 rows_4_12 = _mm512_shuffle_f32x4(odd, odd, _MM_SHUFFLE(3, 1, 2, 0));
-    _mm256_storeu_ps(out + m * kSubBlockTokens, _mm512_castps512_ps256(rows_0_8));
-    _mm256_storeu_ps(out + (8 + m) * kSubBlockTokens, _mm512_extractf32x8_ps(rows_0_8, 1));
-    _mm256_storeu_ps(out + (4 + m) * kSubBlockTokens, _mm512_castps512_ps256(rows_4_12));
-    _mm256_storeu_ps(out + (12 + m) * kSubBlockTokens, _mm512_extractf32x8_ps(rows_4_12, 1));
-#endif
-  }
-}
-#endif
-
-// Scores of kVecs row vectors (rows r0 .. r0 + kVecs * lanes) against kLaneTokens
-// fp32 key rows kt[]; writes out[r * kSubBlockTokens + t + j] for the rows below
-// `rows` and j < count.
-template <int kD, int kVecs>
-HWY_INLINE void score_lanes_step(const float* HWY_RESTRICT qt, int64_t rows_pad, int64_t r0, int32_t rows,
-                                 const float* HWY_RESTRICT const* kt, float* HWY_RESTRICT out, int64_t t,
-                                 int64_t count) {
-  const DF df;
-  VF acc[kVecs][kLaneTokens];
-  for (int v = 0; v < kVecs; ++v) {
-    const VF q = hn::Load(df, qt + r0 + v * kRowLanes);
-    for (int j = 0; j < kLaneTokens; ++j) acc[v][j] = hn::Mul(q, hn::Set(df, kt[j][0]));
-  }
-#pragma GCC unroll 4
-  for (int64_t d = 1; d < kD; ++d) {
-    const float* HWY_RESTRICT qd = qt + d * rows_pad + r0;
-    for (int v = 0; v < kVecs; ++v) {
-      const VF q = hn::Load(df, qd + v * kRowLanes);
-      for (int j = 0; j < kLaneTokens; ++j) acc[v][j] = hn::MulAdd(q, hn::Set(df, kt[j][d]), acc[v][j]);
-    }
-  }
-  HWY_ALIGN float lanes[kLaneTokens][kRowLanes];
-  for (int v = 0; v < kVecs; ++v) {
-    const int64_t first = r0 + v * kRowLanes;
-    const int64_t live = std::min<int64_t>(kRowLanes, rows - first);
-#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if (count == kLaneTokens && live == kRowLanes) {
-      store_lane_block(acc[v], out + first * kSubBlockTokens + t);
-      continue;
-    }
-#endif
-    for (int j = 0; j < kLaneTokens; ++j) hn::Store(acc[v][j], df, lanes[j]);
-    for (int64_t i = 0; i < live; ++i) {
-      float* row = out + (first + i) * kSubBlockTokens + t;
-      for (int64_t j = 0; j < count; ++j) row[j] = lanes[j][i];
-    }
-  }
-}
-
-// All rows' scores against the n fp32 key rows at k ([n][kD]), into
-// out[r * kSubBlockTokens + j]. The first row vectors request kLinesPerToken
-// lines per token as they go.
-template <int kD, int64_t kLinesPerToken>
-HWY_NOINLINE void score_lanes(const float* HWY_RESTRICT qt, int64_t rows_pad, int32_t rows, const float* HWY_RESTRICT k,
-                              int64_t n, float* HWY_RESTRICT out, LinePrefetch& prefetch) {
-  // Two row vectors share each broadcast key element where the registers hold
-  // them (16 accumulators: AVX-512's 32 registers; AVX2's 16 hold one).
-  constexpr int kPair = kWideTarget ? 2 : 1;
-  const float* HWY_RESTRICT kt[kLaneTokens];
-  bool first = true;
-  for (int64_t r0 = 0; r0 < rows; ) {
-    const bool pair = kPair == 2 && r0 + kRowLanes < rows;
-    for (int64_t t = 0; t < n; t += kLaneTokens) {
-      const int64_t count = std::min<int64_t>(kLaneTokens, n - t);
-      // A tail shorter than a step repeats the last key; its scores are dropped.
-      for (int j = 0; j < kLaneTokens; ++j) kt[j] = k + std::min<int64_t>(t + j, n - 1) * kD;
-      if (first) prefetch.step(kLinesPerToken * count);
-      if (pair) {
-        score_lanes_step<kD, kPair>(qt, rows_pad, r0, rows, kt, out, t, count);
-      } else {
-        score_lanes_step<kD, 1>(qt, rows_pad, r0, rows, kt, out, t, count);
-      }
-    }
-    first = false;
-    r0 += pair ? 2 * kRowLanes : kRowLanes;
-  }
-}
 
 // 2^x for x <= 0 (a score minus its row max), vectorised: Highway 1.0.3 has
 // no Exp2. x = n + f with f in [-0.5, 0.5]; 2^f from its degree-7 Taylor series
@@ -1037,16 +900,15 @@ void partial_impl(const PartialTask& t) {
 
   // Scratch: scores [rows4][kSubBlockTokens] (rows rounded up to 4: quad
   // scores write whole blocks) | sub-block acc [rows][kDv] | tile [kTile][kD]
-  // | (rows in lanes) transposed q [kD][rows_pad], or (quads) packed q.
+  // | (quads) packed q [rows4][kD].
   const int64_t rows4 = (rows + kQuadRows - 1) / kQuadRows * kQuadRows;
   float* scores = t.scratch;
   float* sub_acc = scores + rows4 * kSubBlockTokens;
   float* tile = sub_acc + static_cast<int64_t>(rows) * kDv;
-  float* qt = tile + kTile * kD;
+  [[maybe_unused]] float* q_quads = tile + kTile * kD;  // AVX-512 only
   auto* half_tile = reinterpret_cast<hwy::float16_t*>(tile);  // kHalfTile: the tile's first half, as fp16
-  const bool rows_in_lanes = g.group_size() >= kLaneRowsMinGroup;
-  const bool quads = kQuadScores && !rows_in_lanes && g.group_size() >= kQuadMinGroup;
-  const int64_t rows_pad = (rows + kRowLanes - 1) / kRowLanes * kRowLanes;
+  const bool quads =
+      kQuadScores && g.group_size() >= kQuadMinGroup;
 
   reset_states(t, kDv);
   const ReadPlan plan(t);
@@ -1060,7 +922,7 @@ void partial_impl(const PartialTask& t) {
   // a tile, converted once (an fp8 tile through the byte tables where they serve).
   // Quad scores read a 16- or 32-bit cache in place whatever the rows (each
   // key once for four row blocks), an fp8 cache from the tile.
-  const bool direct_k = quads ? !kIsFp8<T> : rows <= kDirectRows<T> && !rows_in_lanes;
+  const bool direct_k = quads ? !kIsFp8<T> : rows <= kDirectRows<T>;
   // V of a 16- or 32-bit cache is read in place by every position of the task
   // on AVX-512 as well: each position's blocks widen the rows it reads, where
   // a tile widened them once and was stored and reloaded (one thread, K/V in
@@ -1070,9 +932,8 @@ void partial_impl(const PartialTask& t) {
   const bool direct_v =
       t.heads <= kDirectRows<T> && (t.positions == 1 || (kRowPointers && sizeof(T) >= 2));
   const bool tables = kIsFp8<T> && kWideTarget && t.fp8_tables;
-  if (rows_in_lanes) transpose_q<kD>(t, rows, rows_pad, qt);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (quads) pack_q_quads<kD>(t, rows, qt);
+  if (quads) pack_q_quads<kD>(t, rows, q_quads);
 #endif
 
   const float* q_rows[kRowBlock];
@@ -1139,12 +1000,6 @@ void partial_impl(const PartialTask& t) {
       From from;
       const int64_t n = load_stretch(k_src, pos, span.end, direct_k, std::integral_constant<int, kD>(), &from);
       prefetch.consumed(n * lines_per_row);
-      if (rows_in_lanes) {
-        score_lanes<kD, kLinesPerRow>(qt, rows_pad, rows, tile, n, scores + (pos - base), prefetch);
-        prefetch.catch_up();
-        pos += n;
-        continue;
-      }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
       if (quads) {
         float* quad_outs[kMaxTaskRows];
@@ -1154,7 +1009,7 @@ void partial_impl(const PartialTask& t) {
           if constexpr (kIsFp8Bits<Element>) {
             HWY_ABORT("quad scores read fp8 keys from the tile only (direct_k)");
           } else {
-            score_quads<Element, kD, kLinesPerRow>(qt, rows, keys, n, quad_outs, prefetch);
+            score_quads<Element, kD, kLinesPerRow>(q_quads, rows, keys, n, quad_outs, prefetch);
           }
         });
         prefetch.catch_up();

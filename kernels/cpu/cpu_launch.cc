@@ -130,6 +130,7 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   t.positions = task.positions;
   t.heads = task.heads;
   t.position = positions_.data() + task.first_position;
+  t.batch_invariant = launch.mode == SplitMode::kDeterministic;
   t.soft_cap = plan_.constants().soft_cap;
   t.unit = unit_;
   t.fp8_tables = fp8_tables_;

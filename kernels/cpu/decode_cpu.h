@@ -15,7 +15,8 @@
 // Bits: a row's state depends only on its own keys and their positions. Lanes
 // are anchored to absolute positions, and each row loops over exactly its own
 // key range, so a row computed with other rows (a batch, several query
-// positions, another thread) has the bits it has alone.
+// positions, another thread) has the bits it has alone; in fast mode
+// (batch_invariant false) a task of many rows may score them in another order.
 
 #include <cstdint>
 #include <string>
@@ -72,6 +73,10 @@ struct PartialTask {
   int32_t positions = 1;
   int32_t heads = 1;
   const TaskPosition* position = nullptr;  // [positions]
+  // Deterministic mode: a row's bits may not depend on the task's other rows
+  // (a draft row has the bits of its single-step decode), so the score order
+  // is the group's. Fast mode (false) lets the rows choose it.
+  bool batch_invariant = true;
   // 0: q is scaled by scale * log2(e) and scores are used as they are.
   // c > 0: q is scaled by scale, and each score s becomes c * tanh(s / c) * log2(e).
   float soft_cap = 0.f;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "pagoda/dtype.h"
+#include "pagoda/split_plan.h"
 
 namespace pagoda::testing {
 
@@ -27,8 +28,11 @@ void PrintTo(const VariantCase& c, std::ostream* os);
 std::vector<VariantCase> variant_table();
 
 // q_len {1, 2, 5, 16} x window {0, 1, 17, 600} x soft-cap {0, 30} x sinks
-// {off, on}, each over every sequence long enough for its rows.
-void expect_variants_match_reference(const std::string& backend, const VariantCase& c);
+// {off, on}, each over every sequence long enough for its rows. Fast mode
+// takes q_len {3, 16}: tasks of 12 and more rows, which it may score in an
+// order of their own (docs/design.md §2).
+void expect_variants_match_reference(const std::string& backend, const VariantCase& c,
+                                     SplitMode mode = SplitMode::kDeterministic);
 
 // An empty sequence with a sink: output 0, LSE = the sink, no chunk launched.
 void expect_empty_sequence_gives_zero_and_the_sink(const std::string& backend);

@@ -2,6 +2,8 @@
 // the bitwise draft-row promise on one and two threads.
 #include <gtest/gtest.h>
 
+#include "pagoda/cpu_targets.h"
+#include "pagoda/status.h"
 #include "unit/variant_checks.h"
 
 namespace pagoda::testing {
@@ -12,6 +14,27 @@ class Variants : public ::testing::TestWithParam<VariantCase> {};
 TEST_P(Variants, MatchReference) { expect_variants_match_reference("cpu", GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Table, Variants, ::testing::ValuesIn(variant_table()),
+                         [](const ::testing::TestParamInfo<VariantCase>& info) { return to_string(info.param); });
+
+// Fast mode scores tasks of many rows in an order of its own (quad scores on
+// AVX-512 whatever the group): on the best target and on the AVX-512 FMAs,
+// where bf16 and fp8 caches reach them too.
+class FastVariants : public ::testing::TestWithParam<VariantCase> {
+ protected:
+  void TearDown() override { EXPECT_TRUE(cpu::select_simd_target("best").ok()); }
+};
+
+TEST_P(FastVariants, MatchReference) {
+  for (const char* target : {"best", "avx3"}) {
+    SCOPED_TRACE(target);
+    const Status s = cpu::select_simd_target(target);
+    if (s.code() == StatusCode::kFailedPrecondition) continue;  // no AVX-512 here: best covered it
+    ASSERT_TRUE(s.ok()) << s.message();
+    expect_variants_match_reference("cpu", GetParam(), SplitMode::kFast);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, FastVariants, ::testing::ValuesIn(variant_table()),
                          [](const ::testing::TestParamInfo<VariantCase>& info) { return to_string(info.param); });
 
 TEST(Variants, EmptySequenceWithASinkGivesZeroAndTheSink) { expect_empty_sequence_gives_zero_and_the_sink("cpu"); }

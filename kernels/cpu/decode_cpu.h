@@ -116,7 +116,8 @@ inline constexpr int32_t kTaskRowsTarget = 64;
 
 // Floats of scratch one task of `rows` rows needs: scores and sub-block
 // accumulators (rows rounded up to 16: whole tiles on the matrix path), a
-// converted tile, q transposed or packed (rows rounded up to 16 lanes), and
+// converted tile, q packed (quad scores' blocks of four rows, or the matrix
+// path's bf16 q: rows rounded up to 16), and
 // the matrix path's fp8 V rows as bf16, each region starting on a 64-byte
 // line; head_dim bounds V's width.
 inline int64_t partial_scratch_floats(int32_t rows, int32_t head_dim) {

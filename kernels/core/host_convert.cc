@@ -1,5 +1,5 @@
-// The element conversions (the definitions every other path is held to), the
-// scalar bulk loops the SIMD dispatch falls back on, and the non-finite scan.
+// The element conversions (the definitions every other path is held to), and
+// the scalar bulk loops and non-finite scan the SIMD dispatch falls back on.
 #include "pagoda/host_convert.h"
 
 #include "core/convert_scalar.h"
@@ -117,7 +117,7 @@ int64_t first_with_exponent(const void* data, int64_t n, Word exponent) {
 
 }  // namespace
 
-int64_t first_non_finite(const void* data, DType dtype, int64_t n) {
+int64_t scalar_first_non_finite(const void* data, DType dtype, int64_t n) {
   switch (dtype) {
     case DType::kFloat32: return first_with_exponent<uint32_t>(data, n, 0x7f800000u);
     case DType::kFloat16: return first_with_exponent<uint16_t>(data, n, 0x7c00u);

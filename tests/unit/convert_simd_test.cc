@@ -1,7 +1,8 @@
 // The bulk conversions of pagoda/host_convert.h (SIMD, dispatched at run time)
 // against its element functions, bit for bit, on every SIMD target the CPU
-// has: all 2^16 fp16 codes in, a million fp32 bit patterns out (specials,
-// subnormals, ties and NaNs among them), every tail length and dtype pair.
+// has: all 2^16 fp16 and bf16 codes in, a million fp32 bit patterns out
+// (specials, subnormals, ties and NaNs among them), every tail length and
+// dtype pair; and the non-finite scan at every position.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
@@ -39,6 +40,17 @@ std::vector<float> float_inputs() {
     in.push_back(f);
   }
   for (uint32_t m = 0; m < 1u << 13; ++m) in.push_back(float_of(0x3F800000u | (m << 10) | 0x1000u));  // halfway
+  // bf16: every tie between neighbours near 1 and near the largest finite
+  // value (whose upward tie rounds to infinity), and NaNs whose payload lies
+  // only in the bits bf16 drops.
+  for (uint32_t m = 0; m < 1u << 7; ++m) {
+    in.push_back(float_of(0x3F800000u | (m << 16) | 0x8000u));
+    in.push_back(float_of(0xFF000000u | (m << 16) | 0x8000u));
+  }
+  for (uint32_t bits : {0x7F7FFFFFu, 0x7F7F8000u, 0x7F7F7FFFu, 0x7F800001u, 0xFF800001u, 0x7FC00000u, 0x00008000u,
+                        0x00018000u, 0x80008000u}) {
+    in.push_back(float_of(bits));
+  }
   return in;
 }
 
@@ -68,6 +80,71 @@ TEST_P(ConvertSimd, FloatToFp16GivesTheScalarBitsForAMillionPatterns) {
   for (size_t i = 0; i < in.size(); ++i) {
     ASSERT_EQ(got[i], float_to_fp16(in[i])) << "input 0x" << std::hex << bits_of(in[i]) << " on " << simd_target_name();
   }
+}
+
+TEST_P(ConvertSimd, Bf16ToFloatGivesTheScalarBitsForEveryCode) {
+  std::vector<uint16_t> codes(1 << 16);
+  for (uint32_t c = 0; c < codes.size(); ++c) codes[c] = static_cast<uint16_t>(c);
+  std::vector<float> got(codes.size());
+  convert_to_float(codes.data(), DType::kBFloat16, got.data(), static_cast<int64_t>(codes.size()));
+  for (uint32_t c = 0; c < codes.size(); ++c) {
+    ASSERT_EQ(bits_of(got[c]), bits_of(bf16_to_float(codes[c]))) << "code 0x" << std::hex << c << " on " << simd_target_name();
+  }
+}
+
+TEST_P(ConvertSimd, FloatToBf16GivesTheScalarBitsForAMillionPatterns) {
+  const std::vector<float> in = float_inputs();
+  std::vector<uint16_t> got(in.size());
+  convert_from_float(in.data(), got.data(), DType::kBFloat16, static_cast<int64_t>(in.size()));
+  for (size_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(got[i], float_to_bf16(in[i])) << "input 0x" << std::hex << bits_of(in[i]) << " on " << simd_target_name();
+  }
+  // The rounding itself, independently of float_to_bf16: a tie goes to the
+  // even neighbour, a NaN stays a quiet NaN of its sign, the largest finite
+  // float rounds up to infinity.
+  const float cases[] = {float_of(0x3F808000u), float_of(0x3F818000u), float_of(0x7F800001u), float_of(0xFF800001u),
+                         float_of(0x7F7FFFFFu)};
+  const uint16_t want[] = {0x3F80, 0x3F82, 0x7FC0, 0xFFC0, 0x7F80};
+  uint16_t out[5];
+  convert_from_float(cases, out, DType::kBFloat16, 5);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(out[i], want[i]) << "case " << i << " on " << simd_target_name();
+}
+
+// The scan finds the first NaN or infinity wherever it lies (the SIMD body
+// and the tail), before a later one, from a start of any alignment, and
+// reports -1 for finite data: the largest finite value, subnormals and -0.
+TEST_P(ConvertSimd, FirstNonFiniteFindsTheFirstSpecialAtEveryPosition) {
+  struct Case {
+    DType dtype;
+    std::vector<uint32_t> finite;   // words that are not special
+    std::vector<uint32_t> special;  // infinities and NaNs
+  };
+  const Case cases[] = {
+      {DType::kFloat32, {0x3F800000u, 0x7F7FFFFFu, 0x00000001u, 0x80000000u}, {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u}},
+      {DType::kFloat16, {0x3C00u, 0x7BFFu, 0x0001u, 0x8000u}, {0x7C00u, 0xFC00u, 0x7E00u, 0x7C01u}},
+      {DType::kBFloat16, {0x3F80u, 0x7F7Fu, 0x0001u, 0x8000u}, {0x7F80u, 0xFF80u, 0x7FC0u, 0x7F81u}},
+  };
+  for (const Case& c : cases) {
+    const size_t word = dtype_size(c.dtype);
+    for (int64_t n : {1, 7, 16, 33, 67, 200}) {
+      for (size_t offset : {size_t{0}, size_t{1}}) {  // an odd start: wire bytes carry no alignment
+        std::vector<uint8_t> buf(offset + static_cast<size_t>(n) * word);
+        const auto put = [&](int64_t i, uint32_t w) { std::memcpy(&buf[offset + static_cast<size_t>(i) * word], &w, word); };
+        for (int64_t i = 0; i < n; ++i) put(i, c.finite[static_cast<size_t>(i) % c.finite.size()]);
+        ASSERT_EQ(first_non_finite(buf.data() + offset, c.dtype, n), -1) << dtype_name(c.dtype) << " n " << n;
+        for (int64_t at = 0; at < n; ++at) {
+          const uint32_t bad = c.special[static_cast<size_t>(at) % c.special.size()];
+          put(at, bad);
+          if (at + 3 < n) put(at + 3, c.special[0]);  // a later one does not hide the first
+          ASSERT_EQ(first_non_finite(buf.data() + offset, c.dtype, n), at)
+              << dtype_name(c.dtype) << " n " << n << " offset " << offset << " on " << simd_target_name();
+          put(at, c.finite[0]);
+          if (at + 3 < n) put(at + 3, c.finite[0]);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(first_non_finite(nullptr, DType::kBFloat16, 0), -1);
 }
 
 // One element of `from` as fp32, and fp32 to `to`, by the element functions.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -217,6 +218,47 @@ TEST_P(ConvertSimd, StoreScaledDividesThenRoundsAndCountsSaturation) {
       EXPECT_GT(saturated, 0) << "random bit patterns include huge values";
     }
   }
+}
+
+// fp32 to fp8 in bulk (the append path into an fp8 cache) against
+// float_to_fp8 for the million patterns and, for each format, every code's
+// value, every midpoint between neighbouring codes (ties to even) and the
+// floats either side of it, both signs, with the saturation count.
+TEST_P(ConvertSimd, FloatToFp8GivesTheScalarCodesAndSaturationCount) {
+  for (const DType to : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    std::vector<float> in = float_inputs();
+    for (int c = 0; c < 0x7F; ++c) {
+      const float v = fp8_to_float(static_cast<uint8_t>(c), to);
+      const float next = fp8_to_float(static_cast<uint8_t>(c + 1), to);
+      if (!std::isfinite(v)) continue;
+      const float mid = std::isfinite(next) ? (v + next) / 2 : v * 1.0625f;  // past the top: saturates
+      for (float x : {v, mid, std::nextafter(mid, 0.f), std::nextafter(mid, INFINITY)}) {
+        in.push_back(x);
+        in.push_back(-x);
+      }
+    }
+    std::vector<uint8_t> got(in.size()), want(in.size());
+    int64_t want_saturated = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const Fp8Encoded e = float_to_fp8(in[i], to);
+      want[i] = e.code;
+      want_saturated += e.saturated;
+    }
+    const int64_t saturated = store_scaled(in.data(), DType::kFloat32, 1.f, got.data(), to, static_cast<int64_t>(in.size()));
+    for (size_t i = 0; i < in.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << dtype_name(to) << " input 0x" << std::hex << bits_of(in[i]) << " on "
+                                 << simd_target_name();
+    }
+    EXPECT_EQ(saturated, want_saturated) << dtype_name(to) << " on " << simd_target_name();
+  }
+  // Independently of float_to_fp8: e4m3's tie between 1 and 1.125 goes to the
+  // even 1 (0x38), 448 is the largest code (0x7E), 464 saturates to it, NaN
+  // is S.1111111 and 2^-9 is the smallest subnormal (0x01).
+  const float cases[] = {1.0625f, 448.f, 464.f, -464.f, NAN, 0x1p-9f, 0x1p-10f};
+  const uint8_t want[] = {0x38, 0x7E, 0x7E, 0xFE, 0x7F, 0x01, 0x00};
+  uint8_t out[7];
+  EXPECT_EQ(store_scaled(cases, DType::kFloat32, 1.f, out, DType::kFloat8E4M3, 7), 2);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(out[i], want[i]) << "case " << i << " on " << simd_target_name();
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, ConvertSimd, ::testing::Values("best", "avx2"),

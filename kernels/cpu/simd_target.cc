@@ -50,7 +50,12 @@ constexpr int32_t kAmxMinGroup = 8;
 // from their codes (six runs each): e4m3 GQA 4 at head_dim 64 1.1x for one
 // row; e5m2, which the FMAs read in place in one shift, GQA 4 at 1.03x for one
 // row and 1.7x for four at head_dim 128, but 0.89x for one row at head_dim 64
-// (1.4x for four): it takes them from head_dim 128.
+// (1.4x for four): it takes them from head_dim 128. bf16 GQA 4 with one query
+// row has since measured at 0.82-1.01x the FMAs' speed on Zen 5 (9 runs of
+// best against avx3; the FMAs read bf16 in place at about 0.9 of the read
+// bandwidth there) while four rows run 1.4x faster on the dot products: the
+// unit is chosen by geometry, not by rows (a draft row keeps its single-step
+// bits), so bf16 GQA 4 stays on the dot products.
 int32_t dot_min_group(DType dtype, int32_t head_dim, CpuFamily cpu) {
   if (zen5_or_later(cpu)) {
     if (dtype == DType::kFloat8E4M3) return 4;

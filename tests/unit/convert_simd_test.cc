@@ -64,42 +64,43 @@ class ConvertSimd : public ::testing::TestWithParam<const char*> {
   void TearDown() override { EXPECT_TRUE(select_simd_target("best").ok()); }
 };
 
-TEST_P(ConvertSimd, Fp16ToFloatGivesTheScalarBitsForEveryCode) {
+// Every 16-bit code of `from` in bulk against `element`, bit for bit.
+void expect_every_code_widens_as(DType from, float (*element)(uint16_t)) {
   std::vector<uint16_t> codes(1 << 16);
   for (uint32_t c = 0; c < codes.size(); ++c) codes[c] = static_cast<uint16_t>(c);
   std::vector<float> got(codes.size());
-  convert_to_float(codes.data(), DType::kFloat16, got.data(), static_cast<int64_t>(codes.size()));
+  convert_to_float(codes.data(), from, got.data(), static_cast<int64_t>(codes.size()));
   for (uint32_t c = 0; c < codes.size(); ++c) {
-    ASSERT_EQ(bits_of(got[c]), bits_of(fp16_to_float(codes[c]))) << "code 0x" << std::hex << c << " on " << simd_target_name();
+    ASSERT_EQ(bits_of(got[c]), bits_of(element(codes[c])))
+        << dtype_name(from) << " code 0x" << std::hex << c << " on " << simd_target_name();
   }
+}
+
+// The million fp32 patterns in bulk to 16-bit `to` against `element`.
+void expect_patterns_narrow_as(DType to, uint16_t (*element)(float)) {
+  const std::vector<float> in = float_inputs();
+  std::vector<uint16_t> got(in.size());
+  convert_from_float(in.data(), got.data(), to, static_cast<int64_t>(in.size()));
+  for (size_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(got[i], element(in[i])) << dtype_name(to) << " input 0x" << std::hex << bits_of(in[i]) << " on "
+                                      << simd_target_name();
+  }
+}
+
+TEST_P(ConvertSimd, Fp16ToFloatGivesTheScalarBitsForEveryCode) {
+  expect_every_code_widens_as(DType::kFloat16, fp16_to_float);
 }
 
 TEST_P(ConvertSimd, FloatToFp16GivesTheScalarBitsForAMillionPatterns) {
-  const std::vector<float> in = float_inputs();
-  std::vector<uint16_t> got(in.size());
-  convert_from_float(in.data(), got.data(), DType::kFloat16, static_cast<int64_t>(in.size()));
-  for (size_t i = 0; i < in.size(); ++i) {
-    ASSERT_EQ(got[i], float_to_fp16(in[i])) << "input 0x" << std::hex << bits_of(in[i]) << " on " << simd_target_name();
-  }
+  expect_patterns_narrow_as(DType::kFloat16, float_to_fp16);
 }
 
 TEST_P(ConvertSimd, Bf16ToFloatGivesTheScalarBitsForEveryCode) {
-  std::vector<uint16_t> codes(1 << 16);
-  for (uint32_t c = 0; c < codes.size(); ++c) codes[c] = static_cast<uint16_t>(c);
-  std::vector<float> got(codes.size());
-  convert_to_float(codes.data(), DType::kBFloat16, got.data(), static_cast<int64_t>(codes.size()));
-  for (uint32_t c = 0; c < codes.size(); ++c) {
-    ASSERT_EQ(bits_of(got[c]), bits_of(bf16_to_float(codes[c]))) << "code 0x" << std::hex << c << " on " << simd_target_name();
-  }
+  expect_every_code_widens_as(DType::kBFloat16, bf16_to_float);
 }
 
 TEST_P(ConvertSimd, FloatToBf16GivesTheScalarBitsForAMillionPatterns) {
-  const std::vector<float> in = float_inputs();
-  std::vector<uint16_t> got(in.size());
-  convert_from_float(in.data(), got.data(), DType::kBFloat16, static_cast<int64_t>(in.size()));
-  for (size_t i = 0; i < in.size(); ++i) {
-    ASSERT_EQ(got[i], float_to_bf16(in[i])) << "input 0x" << std::hex << bits_of(in[i]) << " on " << simd_target_name();
-  }
+  expect_patterns_narrow_as(DType::kBFloat16, float_to_bf16);
   // The rounding itself, independently of float_to_bf16: a tie goes to the
   // even neighbour, a NaN stays a quiet NaN of its sign, the largest finite
   // float rounds up to infinity.

@@ -100,7 +100,8 @@ std::vector<Row> make_rows(int64_t n, std::mt19937& rng) {
   // The scans read finite data to its end (a tensor that passes, the usual
   // case); the element loop tests one word at a time, read by memcpy as wire
   // bytes must be.
-  const auto scan = [&]<typename Word>(const char* name, DType dtype, std::shared_ptr<const void> owner, Word exponent) {
+  const auto scan = [&]<typename Word>(const char* name, DType dtype, std::shared_ptr<const void> owner,
+                                       Word exponent) {
     rows.push_back({name, [=] { (*found)[0] = first_non_finite(owner.get(), dtype, n); },
                     [=] {
                       const auto* bytes = static_cast<const std::byte*>(owner.get());
@@ -133,11 +134,13 @@ std::vector<Row> make_rows(int64_t n, std::mt19937& rng) {
 int run(const ConvertOptions& o) {
   std::mt19937 rng(11);
   std::vector<Row> rows = make_rows(o.elements, rng);
-  fmt::print("pagoda-bench convert: {} elements (a Decode's q at batch 8, 32 heads of 128: 32768), median of {} "
-             "rounds\n",
-             o.elements, o.rounds);
-  fmt::print("baseline: the element functions of pagoda/host_convert.h and pagoda/fp8.h, one call per element, on "
-             "the same data\n\n");
+  fmt::print(
+      "pagoda-bench convert: {} elements (a Decode's q at batch 8, 32 heads of 128: 32768), median of {} "
+      "rounds\n",
+      o.elements, o.rounds);
+  fmt::print(
+      "baseline: the element functions of pagoda/host_convert.h and pagoda/fp8.h, one call per element, on "
+      "the same data\n\n");
   fmt::print("{:>8} {:>18} {:>10} {:>12} {:>12}\n", "target", "conversion", "bulk us", "element us", "speed-up");
   int failures = 0;
   for (const std::string& target : o.targets) {
@@ -169,7 +172,8 @@ void add_convert_command(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<ConvertOptions>();
   CLI::App* sub = app.add_subcommand(
       "convert", "Time the host's bulk dtype conversions and non-finite scan against the element functions");
-  sub->add_option("--elements", o->elements, "elements per conversion")->check(CLI::Range(int64_t{1}, int64_t{1} << 28));
+  sub->add_option("--elements", o->elements, "elements per conversion")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 28));
   sub->add_option("--rounds", o->rounds, "alternating timed rounds of each (the median is reported)")
       ->check(CLI::Range(1, 100000));
   sub->add_option("--target", o->targets, "SIMD targets to run, in order (comma-separated): best, avx3, avx2")

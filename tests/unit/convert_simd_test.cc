@@ -122,7 +122,9 @@ TEST_P(ConvertSimd, FirstNonFiniteFindsTheFirstSpecialAtEveryPosition) {
     std::vector<uint32_t> special;  // infinities and NaNs
   };
   const Case cases[] = {
-      {DType::kFloat32, {0x3F800000u, 0x7F7FFFFFu, 0x00000001u, 0x80000000u}, {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u}},
+      {DType::kFloat32,
+       {0x3F800000u, 0x7F7FFFFFu, 0x00000001u, 0x80000000u},
+       {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u}},
       {DType::kFloat16, {0x3C00u, 0x7BFFu, 0x0001u, 0x8000u}, {0x7C00u, 0xFC00u, 0x7E00u, 0x7C01u}},
       {DType::kBFloat16, {0x3F80u, 0x7F7Fu, 0x0001u, 0x8000u}, {0x7F80u, 0xFF80u, 0x7FC0u, 0x7F81u}},
   };
@@ -131,7 +133,9 @@ TEST_P(ConvertSimd, FirstNonFiniteFindsTheFirstSpecialAtEveryPosition) {
     for (int64_t n : {1, 7, 16, 33, 67, 200}) {
       for (size_t offset : {size_t{0}, size_t{1}}) {  // an odd start: wire bytes carry no alignment
         std::vector<uint8_t> buf(offset + static_cast<size_t>(n) * word);
-        const auto put = [&](int64_t i, uint32_t w) { std::memcpy(&buf[offset + static_cast<size_t>(i) * word], &w, word); };
+        const auto put = [&](int64_t i, uint32_t w) {
+          std::memcpy(&buf[offset + static_cast<size_t>(i) * word], &w, word);  // the word's low bytes (x86)
+        };
         for (int64_t i = 0; i < n; ++i) put(i, c.finite[static_cast<size_t>(i) % c.finite.size()]);
         ASSERT_EQ(first_non_finite(buf.data() + offset, c.dtype, n), -1) << dtype_name(c.dtype) << " n " << n;
         for (int64_t at = 0; at < n; ++at) {
@@ -245,7 +249,8 @@ TEST_P(ConvertSimd, FloatToFp8GivesTheScalarCodesAndSaturationCount) {
       want[i] = e.code;
       want_saturated += e.saturated;
     }
-    const int64_t saturated = store_scaled(in.data(), DType::kFloat32, 1.f, got.data(), to, static_cast<int64_t>(in.size()));
+    const int64_t n = static_cast<int64_t>(in.size());
+    const int64_t saturated = store_scaled(in.data(), DType::kFloat32, 1.f, got.data(), to, n);
     for (size_t i = 0; i < in.size(); ++i) {
       ASSERT_EQ(got[i], want[i]) << dtype_name(to) << " input 0x" << std::hex << bits_of(in[i]) << " on "
                                  << simd_target_name();

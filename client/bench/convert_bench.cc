@@ -6,9 +6,11 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pagoda/cpu_targets.h"
@@ -66,7 +68,7 @@ std::vector<Row> make_rows(int64_t n, std::mt19937& rng) {
   const auto equal16 = [=] { return *out16a == *out16b; };
   const auto equal32 = [=] { return std::memcmp(out32a->data(), out32b->data(), out32a->size() * 4) == 0; };
   const auto equal8 = [=] { return *out8a == *out8b; };
-  const auto equal_found = [=] { return (*found)[0] == (*found)[1]; };
+  const auto equal_found = [=] { return (*found)[0] == (*found)[1] && (*found)[0] == n - 1; };
 
   std::vector<Row> rows;
   const auto narrow = [&](const char* name, DType to, uint16_t (*element)(float)) {
@@ -97,9 +99,10 @@ std::vector<Row> make_rows(int64_t n, std::mt19937& rng) {
                     },
                     equal8});
   };
-  // The scans read finite data to its end (a tensor that passes, the usual
-  // case); the element loop tests one word at a time, read by memcpy as wire
-  // bytes must be.
+  // The scans read finite data up to an infinity in the last element (the
+  // whole tensor read, as for one that passes, and both sides must find it);
+  // the element loop tests one word at a time, read by memcpy as wire bytes
+  // must be.
   const auto scan = [&]<typename Word>(const char* name, DType dtype, std::shared_ptr<const void> owner,
                                        Word exponent) {
     rows.push_back({name, [=] { (*found)[0] = first_non_finite(owner.get(), dtype, n); },
@@ -124,9 +127,15 @@ std::vector<Row> make_rows(int64_t n, std::mt19937& rng) {
   widen("bf16 -> fp32", DType::kBFloat16, b16, bf16_to_float);
   encode("fp32 -> fp8_e4m3", DType::kFloat8E4M3);
   encode("fp32 -> fp8_e5m2", DType::kFloat8E5M2);
-  scan("scan fp32", DType::kFloat32, std::shared_ptr<const void>(f, f->data()), uint32_t{0x7f800000u});
-  scan("scan fp16", DType::kFloat16, std::shared_ptr<const void>(h16, h16->data()), uint16_t{0x7c00u});
-  scan("scan bf16", DType::kBFloat16, std::shared_ptr<const void>(b16, b16->data()), uint16_t{0x7f80u});
+  const auto ending_in_infinity = [](const auto& v, auto infinity) {
+    auto copy = std::make_shared<std::remove_cvref_t<decltype(*v)>>(*v);
+    copy->back() = infinity;
+    return std::shared_ptr<const void>(copy, copy->data());
+  };
+  scan("scan fp32", DType::kFloat32, ending_in_infinity(f, std::numeric_limits<float>::infinity()),
+       uint32_t{0x7f800000u});
+  scan("scan fp16", DType::kFloat16, ending_in_infinity(h16, uint16_t{0x7c00u}), uint16_t{0x7c00u});
+  scan("scan bf16", DType::kBFloat16, ending_in_infinity(b16, uint16_t{0x7f80u}), uint16_t{0x7f80u});
   // The rows' closures own every buffer through their shared pointers.
   return rows;
 }

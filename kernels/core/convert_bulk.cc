@@ -94,8 +94,10 @@ void FloatToBf16(const float* src, uint16_t* dst, int64_t n) {
 // normal one: subnormals), a power-of-two scaling and so exact, rounded to
 // nearest even by the conversion to int32; a round up into the next binade
 // moves to the next exponent. Returns how many saturated.
-int64_t FloatToFp8(const float* src, uint8_t* dst, int64_t n, int32_t man_bits, int32_t bias, int32_t max_code,
-                   float max_value) {
+int64_t FloatToFp8(const float* src, uint8_t* dst, int64_t n, DType format) {
+  const Fp8Spec spec = fp8_spec(format);
+  const int32_t man_bits = spec.man_bits;
+  const int32_t bias = spec.bias;
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di32;
   const hn::Rebind<uint8_t, decltype(df)> du8;
@@ -104,7 +106,7 @@ int64_t FloatToFp8(const float* src, uint8_t* dst, int64_t n, int32_t man_bits, 
   const int32_t implicit = 1 << man_bits;
   const auto v_magnitude = hn::Set(di32, 0x7fffffff);
   const auto v_infinity = hn::Set(di32, 0x7f800000);
-  const auto v_max = hn::Set(df, max_value);
+  const auto v_max = hn::Set(df, spec.max_value);
   const auto v_emin = hn::Set(di32, emin);
   const auto v_man_plus_bias = hn::Set(di32, man_bits + 127);  // 2^(man_bits - e) as exponent bits
   const auto v_bias = hn::Set(di32, bias);
@@ -112,7 +114,7 @@ int64_t FloatToFp8(const float* src, uint8_t* dst, int64_t n, int32_t man_bits, 
   const auto v_binade_top = hn::Set(di32, 2 * implicit - 1);  // m past it rounded into the next binade
   const auto v_one = hn::Set(di32, 1);
   const auto v_nan_code = hn::Set(di32, 0x7F);
-  const auto v_max_code = hn::Set(di32, max_code);
+  const auto v_max_code = hn::Set(di32, static_cast<int32_t>(spec.max_code));
   const auto v_sign_bit = hn::Set(di32, 0x80);
   int64_t saturated = 0;
   int64_t i = 0;
@@ -137,7 +139,6 @@ int64_t FloatToFp8(const float* src, uint8_t* dst, int64_t n, int32_t man_bits, 
     hn::StoreU(hn::DemoteTo(du8, hn::Or(code, sign)), du8, dst + i);
     saturated += static_cast<int64_t>(hn::CountTrue(di32, over));
   }
-  const DType format = man_bits == 3 ? DType::kFloat8E4M3 : DType::kFloat8E5M2;
   for (; i < n; ++i) {
     const Fp8Encoded e = float_to_fp8(src[i], format);
     dst[i] = e.code;
@@ -248,9 +249,7 @@ int64_t store_scaled(const void* src, DType from, float scale, void* dst, DType 
     }
     std::byte* out = static_cast<std::byte*>(dst) + i * dtype_size(to);
     if (is_fp8(to)) {
-      const Fp8Spec f = fp8_spec(to);
-      saturated += HWY_DYNAMIC_DISPATCH(FloatToFp8)(tmp, reinterpret_cast<uint8_t*>(out), m, f.man_bits, f.bias,
-                                                    f.max_code, f.max_value);
+      saturated += HWY_DYNAMIC_DISPATCH(FloatToFp8)(tmp, reinterpret_cast<uint8_t*>(out), m, to);
     } else {
       convert_from_float(tmp, out, to, m);
     }

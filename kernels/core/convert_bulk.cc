@@ -148,9 +148,9 @@ int64_t FloatToFp8(const float* src, uint8_t* dst, int64_t n, DType format) {
 }
 
 // The first of n words (no alignment assumed) whose exponent bits are all
-// set, or -1: a vector of words tested at once, then the tail word by word.
+// set, or -1: a vector of words tested at once, the tail by the scalar scan.
 template <typename Word>
-int64_t FirstAllOnes(const std::byte* data, int64_t n, Word exponent) {
+int64_t FirstAllOnes(const std::byte* data, int64_t n, Word exponent, DType dtype) {
   const hn::ScalableTag<Word> d;
   const auto lanes = static_cast<int64_t>(hn::Lanes(d));
   const auto e = hn::Set(d, exponent);
@@ -160,19 +160,16 @@ int64_t FirstAllOnes(const std::byte* data, int64_t n, Word exponent) {
     const auto hit = hn::Eq(hn::And(w, e), e);
     if (HWY_UNLIKELY(!hn::AllFalse(d, hit))) return i + static_cast<int64_t>(hn::FindFirstTrue(d, hit));
   }
-  for (; i < n; ++i) {
-    Word w;
-    std::memcpy(&w, data + i * static_cast<int64_t>(sizeof(Word)), sizeof(Word));
-    if ((w & exponent) == exponent) return i;
-  }
-  return -1;
+  if (i == n) return -1;
+  const int64_t tail = scalar_first_non_finite(data + i * static_cast<int64_t>(sizeof(Word)), dtype, n - i);
+  return tail < 0 ? -1 : i + tail;
 }
 
-int64_t FirstNonFinite32(const void* data, int64_t n) {
-  return FirstAllOnes<uint32_t>(static_cast<const std::byte*>(data), n, 0x7f800000u);
-}
-int64_t FirstNonFinite16(const void* data, int64_t n, uint16_t exponent) {
-  return FirstAllOnes<uint16_t>(static_cast<const std::byte*>(data), n, exponent);
+// fp32, fp16 and bf16: infinity and NaN are the words with every exponent bit set.
+int64_t FirstNonFinite(const void* data, int64_t n, DType dtype) {
+  const auto* bytes = static_cast<const std::byte*>(data);
+  if (dtype == DType::kFloat32) return FirstAllOnes<uint32_t>(bytes, n, 0x7f800000u, dtype);
+  return FirstAllOnes<uint16_t>(bytes, n, dtype == DType::kFloat16 ? uint16_t{0x7c00} : uint16_t{0x7f80}, dtype);
 }
 
 }  // namespace pagoda::HWY_NAMESPACE
@@ -185,8 +182,7 @@ HWY_EXPORT(Fp16ToFloat);
 HWY_EXPORT(FloatToFp16);
 HWY_EXPORT(Bf16ToFloat);
 HWY_EXPORT(FloatToBf16);
-HWY_EXPORT(FirstNonFinite32);
-HWY_EXPORT(FirstNonFinite16);
+HWY_EXPORT(FirstNonFinite);
 HWY_EXPORT(FloatToFp8);
 
 void convert_to_float(const void* src, DType from, float* dst, int64_t n) {
@@ -204,9 +200,9 @@ void convert_from_float(const float* src, void* dst, DType to, int64_t n) {
 int64_t first_non_finite(const void* data, DType dtype, int64_t n) {
   if (n <= 0) return -1;  // empty tensors may come with null data
   switch (dtype) {
-    case DType::kFloat32: return HWY_DYNAMIC_DISPATCH(FirstNonFinite32)(data, n);
-    case DType::kFloat16: return HWY_DYNAMIC_DISPATCH(FirstNonFinite16)(data, n, uint16_t{0x7c00});
-    case DType::kBFloat16: return HWY_DYNAMIC_DISPATCH(FirstNonFinite16)(data, n, uint16_t{0x7f80});
+    case DType::kFloat32:
+    case DType::kFloat16:
+    case DType::kBFloat16: return HWY_DYNAMIC_DISPATCH(FirstNonFinite)(data, n, dtype);
     default: return scalar_first_non_finite(data, dtype, n);
   }
 }

@@ -94,11 +94,12 @@ struct Job {
   DecodeOutputs* d;
 };
 
-// A row's launches, one per cache, timed in rounds: each round takes every
-// cache in turn, a baseline read and a few launches, so that all of them and
-// their baselines see the same moments of a shared machine (a cache timed
-// after another one's rounds had met a different neighbour: an fp8 row came
-// out at 0.49x and 0.94x fp16's in two runs); medians over rounds.
+// Launches timed in rounds: each round takes every job in turn, a baseline
+// read and a few launches, so that all of them and their baselines see the
+// same moments of a shared machine (a cache timed after another one's rounds
+// had met a different neighbour: an fp8 row came out at 0.49x and 0.94x
+// fp16's in two runs; four query rows timed after one query row's rounds,
+// 1.47x and 1.64x its time in two runs a minute apart); medians over rounds.
 struct Timed {
   double kernel_s = 0;
   double baseline = 0;
@@ -251,6 +252,9 @@ int run(const KernelOptions& o) {
   }
   // Every (context, q_len, window, mode) row of one target and prefetch
   // selection, from each cache's `bases` (which name them and the compute roof).
+  // A context's rows share their rounds (time_launches), so that "vs q1",
+  // "vs twins" and the dtypes' and the modes' pairs compare launches timed at
+  // the same moments of a shared machine.
   const auto time_rows = [&](const std::vector<KernelRow>& bases) -> bool {
     for (int32_t context : o.contexts) {
       std::vector<int32_t> lengths(o.batch, context);
@@ -265,52 +269,70 @@ int run(const KernelOptions& o) {
         }
         naive_s[c] = median(times);
       }
+      // The context's launches in row order: q_len, then window, then mode;
+      // with --shared-prefix each one twice, its unshared twins then its forks.
+      struct Variant {
+        int32_t q_len;
+        int32_t window;
+        const std::string* mode;
+        bool forks;
+      };
+      std::vector<Variant> variants;
       for (int32_t q_len : o.q_lens) {
         if (q_len > context) continue;
-        std::vector<int32_t> q_indptr(o.batch + 1);
-        for (int32_t b = 0; b <= o.batch; ++b) q_indptr[b] = b * q_len;
         for (int32_t window : o.windows) {
           for (const std::string& mode : o.modes) {
-            DecodeLaunch launch;
-            launch.tables = {o.batch, indptr.data(), ids.data(), lengths.data()};
-            launch.q = q.data();
-            launch.scale = scale;
-            launch.mode = mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
-            launch.split_tokens = o.split_tokens;
-            launch.q_indptr = q_len > 1 ? q_indptr.data() : nullptr;
-            launch.sliding_window = window;
-            std::vector<DecodeOutputs> outputs(caches.size(), DecodeOutputs{out.data(), lse.data(), splits.data()});
-            std::vector<Job> jobs;
-            for (size_t c = 0; c < caches.size(); ++c) jobs.push_back({caches[c].stream.get(), &launch, &outputs[c]});
-            std::vector<KernelRow> rows = bases;
-            // The twins first (or the only rows without --shared-prefix), then the forks.
-            for (const bool forks : {false, true}) {
-              if (forks && o.shared_prefix == 0) break;
-              if (forks) launch.tables.block_ids = fork_ids.data();
-              StatusOr<std::vector<Timed>> timed = time_launches(jobs, o);
-              if (!timed.ok()) {
-                fmt::print(stderr, "pagoda-bench kernel: {}\n", timed.status().message());
-                return false;
-              }
-              for (size_t c = 0; c < caches.size(); ++c) {
-                KernelRow& r = rows[c];
-                const DecodeOutputs& d = outputs[c];
-                r.context = context;
-                r.q_len = q_len;
-                r.window = window;
-                r.mode = mode;
-                r.flops = launch_flops(g, o.batch, context, q_len, window);
-                if (forks) r.unshared_s = r.kernel_s;
-                r.shared_prefix = forks ? shared_blocks * o.block_size : 0;
-                r.kernel_s = (*timed)[c].kernel_s;
-                r.baseline = (*timed)[c].baseline;
-                r.kv_bytes = static_cast<double>(d.kv_bytes_read);
-                r.chunk_tokens = d.chunk_tokens;
-                r.naive_s = q_len == 1 && window == 0 && !forks ? naive_s[c] : 0;
-                report.rows.push_back(r);
-              }
-            }
+            variants.push_back({q_len, window, &mode, false});
+            if (o.shared_prefix > 0) variants.push_back({q_len, window, &mode, true});
           }
+        }
+      }
+      std::vector<std::vector<int32_t>> q_indptrs(variants.size(), std::vector<int32_t>(o.batch + 1));
+      std::vector<DecodeLaunch> launches(variants.size());
+      for (size_t v = 0; v < variants.size(); ++v) {
+        const Variant& var = variants[v];
+        for (int32_t b = 0; b <= o.batch; ++b) q_indptrs[v][b] = b * var.q_len;
+        DecodeLaunch& launch = launches[v];
+        launch.tables = {o.batch, indptr.data(), var.forks ? fork_ids.data() : ids.data(), lengths.data()};
+        launch.q = q.data();
+        launch.scale = scale;
+        launch.mode = *var.mode == "fast" ? SplitMode::kFast : SplitMode::kDeterministic;
+        launch.split_tokens = o.split_tokens;
+        launch.q_indptr = var.q_len > 1 ? q_indptrs[v].data() : nullptr;
+        launch.sliding_window = var.window;
+      }
+      // Job v * caches + c: launch v on cache c.
+      std::vector<DecodeOutputs> outputs(variants.size() * caches.size(),
+                                         DecodeOutputs{out.data(), lse.data(), splits.data()});
+      std::vector<Job> jobs;
+      for (size_t v = 0; v < variants.size(); ++v) {
+        for (size_t c = 0; c < caches.size(); ++c) {
+          jobs.push_back({caches[c].stream.get(), &launches[v], &outputs[v * caches.size() + c]});
+        }
+      }
+      StatusOr<std::vector<Timed>> timed = time_launches(jobs, o);
+      if (!timed.ok()) {
+        fmt::print(stderr, "pagoda-bench kernel: {}\n", timed.status().message());
+        return false;
+      }
+      for (size_t v = 0; v < variants.size(); ++v) {
+        const Variant& var = variants[v];
+        for (size_t c = 0; c < caches.size(); ++c) {
+          const size_t j = v * caches.size() + c;
+          KernelRow r = bases[c];
+          r.context = context;
+          r.q_len = var.q_len;
+          r.window = var.window;
+          r.mode = *var.mode;
+          r.flops = launch_flops(g, o.batch, context, var.q_len, var.window);
+          r.shared_prefix = var.forks ? shared_blocks * o.block_size : 0;
+          r.kernel_s = (*timed)[j].kernel_s;
+          r.unshared_s = var.forks ? (*timed)[j - caches.size()].kernel_s : 0;  // the twins' job, one variant back
+          r.baseline = (*timed)[j].baseline;
+          r.kv_bytes = static_cast<double>(outputs[j].kv_bytes_read);
+          r.chunk_tokens = outputs[j].chunk_tokens;
+          r.naive_s = var.q_len == 1 && var.window == 0 && !var.forks ? naive_s[c] : 0;
+          report.rows.push_back(r);
         }
       }
     }

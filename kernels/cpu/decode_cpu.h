@@ -65,7 +65,7 @@ struct PartialTask {
   const void* v_layer = nullptr;
   const int32_t* blocks = nullptr;    // a block table holding the chunk (every position's: they are equal there)
   int32_t kv_head = 0;
-  int64_t chunk_begin = 0;            // first position of the chunk (a multiple of kSubBlockTokens)
+  int64_t chunk_begin = 0;            // first position of the chunk (a multiple of the split length)
   int64_t chunk_end = 0;              // one past its last position
 
   // Rows: positions x heads, position-major: row (p, h) is query head h of
@@ -105,7 +105,18 @@ struct PartialTask {
 // the chunk's start, and chunks start at multiples of the split length, so a
 // position's lane in a sub-block depends on the position alone when the split
 // length is a multiple of kSubBlockTokens or smaller (one sub-block per chunk).
-inline constexpr int64_t kSubBlockTokens = 256;
+// The default split's length, so that a deterministic chunk is one sub-block
+// (fewer passes from K's runs to V's and back, each with its softmax, line
+// requests and merge): against 256, two a chunk, 0.86-1.01x the time by
+// median, most 0.93-0.97x, where a task computes more than it reads (AMD Zen 5,
+// 5 paired runs each: fp16 GQA 4 with four query rows, GQA 8, head_dim 64 and
+// AVX2, one thread with the K/V in L3 or 8 x 4096 tokens on 2 threads, both
+// modes; bf16 and e4m3 on the dot products; latent attention on the FMAs
+// 0.86x), level where memory bounds it
+// (fp16 GQA 4 with one query row on 2 threads, 9 runs: 1.003x; e4m3 with one
+// query row 1.005x, latent attention's dot products 1.008x). The scores'
+// scratch doubles: 256 KiB a thread at 128 rows.
+inline constexpr int64_t kSubBlockTokens = 512;
 // Most rows one task holds: a whole group of up to 128 query heads (latent
 // attention has 16 to 128 per KV head), so each row is read once for all of
 // them; the launch splits larger groups.

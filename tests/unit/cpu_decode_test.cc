@@ -17,6 +17,11 @@ namespace {
 using Case = DecodeCase;
 constexpr auto& kLengths = kTableLengths;
 constexpr int32_t kLayer = kTableLayer;
+// Chunks of two of the kernel's sub-blocks: the long sequences then merge
+// sub-blocks inside each chunk as well as chunks (the default split is one
+// sub-block a chunk).
+constexpr int32_t kSplitTokens = 2 * cpu::kSubBlockTokens;
+static_assert(kSplitTokens < kTableLengths[std::size(kTableLengths) - 1], "the longest sequence spans chunks");
 
 // One case of the table: a batch of kTableLengths sequences against the reference.
 void run_table_case(const Case& c) {
@@ -29,11 +34,11 @@ void run_table_case(const Case& c) {
   const std::vector<SequenceId> ids =
       f.add_sequences(kLayer, std::vector<int32_t>(std::begin(kLengths), std::end(kLengths)), &q);
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
-  const auto got = f.decode(kLayer, ids, q, scale, SplitMode::kDeterministic, kTableSplitTokens);
+  const auto got = f.decode(kLayer, ids, q, scale, SplitMode::kDeterministic, kSplitTokens);
   const Arithmetic arithmetic = arithmetic_of("cpu", g);
   const auto want = f.reference(kLayer, ids, as_multiplied(q, arithmetic), scale);
 
-  EXPECT_EQ(got.chunk_tokens, kTableSplitTokens);
+  EXPECT_EQ(got.chunk_tokens, kSplitTokens);
   expect_table_decode(g, got, want, c.q, arithmetic);
 }
 

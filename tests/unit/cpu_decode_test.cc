@@ -17,14 +17,10 @@ namespace {
 using Case = DecodeCase;
 constexpr auto& kLengths = kTableLengths;
 constexpr int32_t kLayer = kTableLayer;
-// Chunks of two of the kernel's sub-blocks: the long sequences then merge
-// sub-blocks inside each chunk as well as chunks (the default split is one
-// sub-block a chunk).
-constexpr int32_t kSplitTokens = 2 * cpu::kSubBlockTokens;
-static_assert(kSplitTokens < kTableLengths[std::size(kTableLengths) - 1], "the longest sequence spans chunks");
 
-// One case of the table: a batch of kTableLengths sequences against the reference.
-void run_table_case(const Case& c) {
+// One case of the table: a batch of kTableLengths sequences against the
+// reference, in chunks of split_tokens.
+void run_table_case(const Case& c, int32_t split_tokens = kTableSplitTokens) {
   const CacheGeometry g = table_geometry(c);
   CacheFixture f({g, 2, 1234});
 
@@ -34,11 +30,11 @@ void run_table_case(const Case& c) {
   const std::vector<SequenceId> ids =
       f.add_sequences(kLayer, std::vector<int32_t>(std::begin(kLengths), std::end(kLengths)), &q);
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
-  const auto got = f.decode(kLayer, ids, q, scale, SplitMode::kDeterministic, kSplitTokens);
+  const auto got = f.decode(kLayer, ids, q, scale, SplitMode::kDeterministic, split_tokens);
   const Arithmetic arithmetic = arithmetic_of("cpu", g);
   const auto want = f.reference(kLayer, ids, as_multiplied(q, arithmetic), scale);
 
-  EXPECT_EQ(got.chunk_tokens, kSplitTokens);
+  EXPECT_EQ(got.chunk_tokens, split_tokens);
   expect_table_decode(g, got, want, c.q, arithmetic);
 }
 
@@ -92,6 +88,31 @@ std::vector<Case> avx2_table() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, CpuDecodeAvx2, ::testing::ValuesIn(avx2_table()), case_name);
+
+// Chunks of two of the kernel's sub-blocks, where the table's split makes a
+// chunk one: the long sequences merge the sub-blocks of each chunk before the
+// chunks. Every cache dtype and group at head_dim 128 and latent attention
+// with 16 heads, 16-token blocks, q in fp32, on the best target and on AVX2.
+constexpr int32_t kSubBlockSplit = 2 * cpu::kSubBlockTokens;
+static_assert(kSubBlockSplit < kTableLengths[std::size(kTableLengths) - 1], "the longest sequence spans chunks");
+
+std::vector<Case> sub_block_table() {
+  std::vector<Case> cases;
+  for (const Case& c : decode_table()) {
+    const bool shape = c.v_head_dim == 0 ? c.head_dim == 128 : c.gqa == 16;
+    if (shape && c.block_size == 16 && c.q == DType::kFloat32) cases.push_back(c);
+  }
+  return cases;
+}
+
+class CpuDecodeSubBlocks : public ::testing::TestWithParam<Case> {};
+class CpuDecodeSubBlocksAvx2 : public CpuDecodeAvx2 {};
+
+TEST_P(CpuDecodeSubBlocks, MatchesReference) { run_table_case(GetParam(), kSubBlockSplit); }
+TEST_P(CpuDecodeSubBlocksAvx2, MatchesReference) { run_table_case(GetParam(), kSubBlockSplit); }
+
+INSTANTIATE_TEST_SUITE_P(Table, CpuDecodeSubBlocks, ::testing::ValuesIn(sub_block_table()), case_name);
+INSTANTIATE_TEST_SUITE_P(Table, CpuDecodeSubBlocksAvx2, ::testing::ValuesIn(sub_block_table()), case_name);
 
 // A matrix unit forced on the bf16 cases best leaves to the FMAs (GQA 1 and
 // 4): the unit with 1 to 4 rows of 16, short runs (block sizes 1, 3, 7) and

@@ -31,9 +31,9 @@ std::string ratio_cell(double ratio, int precision) {
 double KernelReport::time_over_one_row(const KernelRow& r) const {
   if (r.q_len == 1) return 0;
   for (const KernelRow& one : rows) {
-    if (one.q_len == 1 && one.dtype == r.dtype && one.selection == r.selection && one.target == r.target &&
-        one.prefetch == r.prefetch && one.context == r.context &&
-        one.window == r.window && one.shared_prefix == r.shared_prefix && one.mode == r.mode) {
+    if (one.q_len == 1 && one.dtype == r.dtype && one.selection == r.selection && one.prefetch == r.prefetch &&
+        one.context == r.context && one.window == r.window && one.shared_prefix == r.shared_prefix &&
+        one.mode == r.mode) {
       return r.kernel_s / one.kernel_s;
     }
   }

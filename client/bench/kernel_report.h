@@ -53,8 +53,8 @@ struct KernelReport {
   const char* bound(const KernelRow& r) const;
   double fraction_of_roofline(const KernelRow& r) const { return roofline_seconds(r) / r.kernel_s; }
   // A row of several query rows per sequence: its time over the same dtype,
-  // target, prefetch, context, window, sharing and mode with one (0: no such
-  // row).
+  // requested target (which with the dtype fixes the kernel), prefetch,
+  // context, window, sharing and mode with one (0: no such row).
   double time_over_one_row(const KernelRow& r) const;
   // A row of a later dtype: its time over the first dtype's row of the same
   // requested target, prefetch, context, q_len, window, sharing and mode (0:

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # pagoda's CPU decode against ggml's flash_attn_ext on the same shapes, the
-# same threads and fp16 K/V, each pair timed back to back (a report, not a
-# test). ggml is not part of pagoda: give a checkout of github.com/ggml-org/ggml
-# and its CPU backend is built under build/ggml from it.
+# same threads and fp16 K/V (a report, not a test). The two take turns for
+# ROUNDS rounds and each round gives ggml's median time over pagoda's, so a busy
+# neighbour slows both sides of a ratio alike; the median of the rounds is
+# reported. ggml is not part of pagoda: give a checkout of
+# github.com/ggml-org/ggml and its CPU backend is built under build/ggml from it.
 #
-# Usage: scripts/bench-vs-ggml.sh GGML_SOURCE_DIR [THREADS]
+# Usage: scripts/bench-vs-ggml.sh GGML_SOURCE_DIR [THREADS] [ROUNDS]
 set -euo pipefail
-src=${1:?usage: scripts/bench-vs-ggml.sh GGML_SOURCE_DIR [THREADS]}
+usage="usage: scripts/bench-vs-ggml.sh GGML_SOURCE_DIR [THREADS] [ROUNDS]"
+src=${1:?$usage}
 threads=${2:-2}
+rounds=${3:-5}
+[[ $threads =~ ^[1-9][0-9]*$ ]] || { echo "bench-vs-ggml: THREADS: expected a positive integer, received '$threads'" >&2; exit 2; }
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "bench-vs-ggml: ROUNDS: expected a positive integer, received '$rounds'" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/build/ggml
 [[ -f $src/include/ggml.h ]] || { echo "bench-vs-ggml: $src/include/ggml.h: expected a ggml checkout" >&2; exit 2; }
@@ -20,11 +26,32 @@ gcc -O2 -march=native "$root/bench/ggml/flash_attn_bench.c" -I"$src/include" -o 
   -Wl,--start-group "$out/src/libggml.a" "$out/src/libggml-cpu.a" "$out/src/libggml-base.a" -Wl,--end-group \
   -lstdc++ -lm -lpthread -fopenmp
 
+# The median of its arguments.
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+echo "pagoda against ggml flash_attn_ext: fp16 K/V, one query row, $threads threads, $rounds rounds"
+printf '%-42s %10s %10s %12s %14s\n' shape "ggml us" "pagoda us" "ggml/pagoda" "pagoda of read"
 # batch context q_heads kv_heads head_dim
 for shape in "8 4096 32 32 128" "8 4096 32 8 128" "8 4096 32 32 64"; do
   read -r batch context heads kv d <<<"$shape"
-  "$out/flash_attn_bench" "$batch" "$context" "$heads" "$kv" "$d" "$threads" 30
-  "$root/build/client/pagoda-bench" kernel --batch "$batch" --context "$context" --q-heads "$heads" \
-    --kv-heads "$kv" --head-dim "$d" --dtype fp16 --threads "$threads" --block-size 16 --no-naive \
-    --mode deterministic --rounds 4 --iters 40 | grep -E '^ *(target|AVX)'
+  name="batch $batch, $context tokens, $heads/$kv heads, d $d"
+  ratios=()
+  reads=()
+  for ((round = 1; round <= rounds; ++round)); do
+    ggml_us=$("$out/flash_attn_bench" "$batch" "$context" "$heads" "$kv" "$d" "$threads" 30 |
+      sed -n 's/.*median \([0-9.]*\) us.*/\1/p')
+    json=$("$root/build/client/pagoda-bench" kernel --batch "$batch" --context "$context" --q-heads "$heads" \
+      --kv-heads "$kv" --head-dim "$d" --dtype fp16 --threads "$threads" --block-size 16 --no-naive \
+      --mode deterministic --rounds 4 --iters 40 --json)
+    pagoda_us=$(grep -o '"kernel_us": [0-9.]*' <<<"$json" | head -1 | awk '{print $2}')
+    of_read=$(grep -o '"fraction_of_baseline": [0-9.]*' <<<"$json" | head -1 | awk '{print $2}')
+    [[ -n $ggml_us && -n $pagoda_us && -n $of_read ]] ||
+      { echo "bench-vs-ggml: $name: a bench printed no time (ggml '$ggml_us', pagoda '$pagoda_us')" >&2; exit 1; }
+    ratio=$(awk -v g="$ggml_us" -v p="$pagoda_us" 'BEGIN {printf "%.3f", g / p}')
+    ratios+=("$ratio")
+    reads+=("$of_read")
+    printf '%-42s %10s %10s %12s %14.3f\n' "$name" "$ggml_us" "$pagoda_us" "$ratio" "$of_read"
+  done
+  printf '%-42s %10s %10s %12.3f %14.3f\n' "  median of $rounds rounds" "" "" "$(median "${ratios[@]}")" \
+    "$(median "${reads[@]}")"
 done

@@ -3,7 +3,9 @@
 # same threads and fp16 K/V (a report, not a test). The two take turns for
 # ROUNDS rounds and each round gives ggml's median time over pagoda's, so a busy
 # neighbour slows both sides of a ratio alike; the median of the rounds is
-# reported. ggml is not part of pagoda: give a checkout of
+# reported, with each side's fraction of the read bandwidth pagoda's run
+# measured: where both read near it, the ratio can be no larger than one over
+# ggml's fraction. ggml is not part of pagoda: give a checkout of
 # github.com/ggml-org/ggml and its CPU backend is built under build/ggml from it.
 #
 # Usage: scripts/bench-vs-ggml.sh GGML_SOURCE_DIR [THREADS] [ROUNDS]
@@ -30,13 +32,14 @@ gcc -O2 -march=native "$root/bench/ggml/flash_attn_bench.c" -I"$src/include" -o 
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 echo "pagoda against ggml flash_attn_ext: fp16 K/V, one query row, $threads threads, $rounds rounds"
-printf '%-42s %10s %10s %12s %14s\n' shape "ggml us" "pagoda us" "ggml/pagoda" "pagoda of read"
+printf '%-42s %10s %10s %12s %14s %12s\n' shape "ggml us" "pagoda us" "ggml/pagoda" "pagoda of read" "ggml of read"
 # batch context q_heads kv_heads head_dim
 for shape in "8 4096 32 32 128" "8 4096 32 8 128" "8 4096 32 32 64"; do
   read -r batch context heads kv d <<<"$shape"
   name="batch $batch, $context tokens, $heads/$kv heads, d $d"
   ratios=()
   reads=()
+  ggml_reads=()
   for ((round = 1; round <= rounds; ++round)); do
     ggml_us=$("$out/flash_attn_bench" "$batch" "$context" "$heads" "$kv" "$d" "$threads" 30 |
       sed -n 's/.*median \([0-9.]*\) us.*/\1/p')
@@ -48,10 +51,13 @@ for shape in "8 4096 32 32 128" "8 4096 32 8 128" "8 4096 32 32 64"; do
     [[ -n $ggml_us && -n $pagoda_us && -n $of_read ]] ||
       { echo "bench-vs-ggml: $name: a bench printed no time (ggml '$ggml_us', pagoda '$pagoda_us')" >&2; exit 1; }
     ratio=$(awk -v g="$ggml_us" -v p="$pagoda_us" 'BEGIN {printf "%.3f", g / p}')
+    # ggml's fraction of the same read: pagoda's, scaled by the two times.
+    ggml_of_read=$(awk -v r="$of_read" -v g="$ggml_us" -v p="$pagoda_us" 'BEGIN {printf "%.3f", r * p / g}')
     ratios+=("$ratio")
     reads+=("$of_read")
-    printf '%-42s %10s %10s %12s %14.3f\n' "$name" "$ggml_us" "$pagoda_us" "$ratio" "$of_read"
+    ggml_reads+=("$ggml_of_read")
+    printf '%-42s %10s %10s %12s %14.3f %12s\n' "$name" "$ggml_us" "$pagoda_us" "$ratio" "$of_read" "$ggml_of_read"
   done
-  printf '%-42s %10s %10s %12.3f %14.3f\n' "  median of $rounds rounds" "" "" "$(median "${ratios[@]}")" \
-    "$(median "${reads[@]}")"
+  printf '%-42s %10s %10s %12.3f %14.3f %12.3f\n' "  median of $rounds rounds" "" "" "$(median "${ratios[@]}")" \
+    "$(median "${reads[@]}")" "$(median "${ggml_reads[@]}")"
 done

@@ -49,7 +49,7 @@ for shape in "8 4096 32 32 128" "8 4096 32 8 128" "8 4096 32 32 64"; do
     pagoda_us=$(grep -o '"kernel_us": [0-9.]*' <<<"$json" | head -1 | awk '{print $2}')
     of_read=$(grep -o '"fraction_of_baseline": [0-9.]*' <<<"$json" | head -1 | awk '{print $2}')
     [[ -n $ggml_us && -n $pagoda_us && -n $of_read ]] ||
-      { echo "bench-vs-ggml: $name: a bench printed no time (ggml '$ggml_us', pagoda '$pagoda_us')" >&2; exit 1; }
+      { echo "bench-vs-ggml: $name: a bench printed no figure (ggml '$ggml_us', pagoda '$pagoda_us', of read '$of_read')" >&2; exit 1; }
     ratio=$(awk -v g="$ggml_us" -v p="$pagoda_us" 'BEGIN {printf "%.3f", g / p}')
     # ggml's fraction of the same read: pagoda's, scaled by the two times.
     ggml_of_read=$(awk -v r="$of_read" -v g="$ggml_us" -v p="$pagoda_us" 'BEGIN {printf "%.3f", r * p / g}')

@@ -51,5 +51,19 @@ TEST(Variants, EachDraftRowHasTheBitsOfItsSingleStepDecode) {
   }
 }
 
+// bf16 on the AVX-512 FMAs reads two vectors at once in a paired lane order:
+// a single-step decode (4 rows, read in place) and draft rows of 5 positions
+// (20 rows, from an fp32 tile) must still give each row the same bits.
+TEST(Variants, EachDraftRowOfBf16OnTheAvx512FmasHasTheBitsOfItsSingleStepDecode) {
+  const Status s = cpu::select_simd_target("avx3");
+  if (s.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << "no AVX-512 here: " << s.message();
+  ASSERT_TRUE(s.ok()) << s.message();
+  for (int32_t threads : {1, 2}) {
+    expect_draft_rows_have_single_step_bits("cpu", threads);
+    expect_draft_rows_have_single_step_bits("cpu", threads, {16, 8, DType::kBFloat16});
+  }
+  EXPECT_TRUE(cpu::select_simd_target("best").ok());
+}
+
 }  // namespace
 }  // namespace pagoda::testing

@@ -111,6 +111,7 @@ class CpuStream final : public BackendStream {
   std::vector<float> q32_;               // [rows, num_q_heads, head_dim] scaled (unscaled on the AMX path)
   MatrixUnit unit_ = MatrixUnit::kNone;  // this launch's bf16 matrix unit (matrix_unit_for)
   bool fp8_tables_ = false;              // this launch widens fp8 by tables (fp8_tables_serve)
+  bool fp16_quad_tile_ = false;          // and fp16 quads from a tile (fp16_quad_tile_serves)
   PrefetchLevels prefetch_;              // this launch's prefetch levels (prefetch_levels)
   PrefetchDistance prefetch_ahead_;      // and distance (prefetch_distance)
   float score_scale_ = 1.f;              // the AMX path's factor on each score

@@ -65,6 +65,7 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
   const float qscale = plan_.constants().q_scale * fp8_read_factor(g.dtype);
   unit_ = matrix_unit_for(g);
   fp8_tables_ = fp8_tables_serve(g);
+  fp16_quad_tile_ = fp16_quad_tile_serves();
   prefetch_ = prefetch_levels();
   prefetch_ahead_ = prefetch_distance();
   score_scale_ = unit_ != MatrixUnit::kNone ? qscale : 1.f;
@@ -134,6 +135,7 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   t.soft_cap = plan_.constants().soft_cap;
   t.unit = unit_;
   t.fp8_tables = fp8_tables_;
+  t.fp16_quad_tile = fp16_quad_tile_;
   t.prefetch = prefetch_;
   t.prefetch_ahead = prefetch_ahead_;
   t.score_scale = score_scale_;

@@ -1029,8 +1029,11 @@ void partial_impl(const PartialTask& t) {
   // Up to kDirectRows<T> rows read the cache directly (InPlace<T>); more share
   // a tile, converted once (an fp8 tile through the byte tables where they serve).
   // Quad scores read a 16- or 32-bit cache in place whatever the rows (each
-  // key once for four row blocks), an fp8 cache from the tile.
-  const bool direct_k = quads ? !kIsFp8<T> : rows <= kDirectRows<T>;
+  // key once for four row blocks), an fp8 cache from the tile, and an fp16
+  // one from the tile too where this CPU's family widens faster once
+  // (quads_read_fp16_tile).
+  const bool fp16_tile = std::is_same_v<T, hwy::float16_t> && t.fp16_quad_tile;
+  const bool direct_k = quads ? !kIsFp8<T> && !fp16_tile : rows <= kDirectRows<T>;
   // V of a 16- or 32-bit cache is read in place by every position of the task
   // on AVX-512 as well: each position's blocks widen the rows it reads, where
   // a tile widened them once and was stored and reloaded (one thread, K/V in

@@ -3,6 +3,7 @@
 // them (the kernels dispatch at run time through Highway; kernels/cpu).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "pagoda/dtype.h"
@@ -80,6 +81,17 @@ bool fp8_tables_serve(const CacheGeometry& g);
 // process: for the tests and benches that compare both widenings. Call
 // before any decode runs.
 void use_fp8_tables(bool on);
+
+// Whether quad scores of an fp16 cache read it through an fp32 tile widened
+// once (quads_read_fp16_tile of this CPU's family in kernels/cpu/cpu_family.h)
+// rather than in place, unless force_fp16_quad_tile said otherwise. The same
+// values in the same order either way: a speed choice, never a bit change.
+bool fp16_quad_tile_serves();
+
+// Forces the fp16 quad tile on or off for the whole process, or (nullopt)
+// back to this CPU family's choice: for the tests and benches that compare
+// both reads. Call before any decode runs.
+void force_fp16_quad_tile(std::optional<bool> on);
 
 // What decodes of geometry g run on: the SIMD target, "+AMX-BF16" or
 // "+AVX512-BF16" added where a matrix unit serves it, "+VBMI" where fp8 byte

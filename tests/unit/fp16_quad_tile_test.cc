@@ -1,0 +1,90 @@
+// Quad scores of an fp16 cache read through an fp32 tile widened once, or in
+// place (force_fp16_quad_tile; each CPU family has its default): the same
+// values in the same order, so the same bits, in the deterministic mode's
+// groups of 8 and more (one and four query rows, whole and padded row blocks,
+// short and long runs) and in the fast mode's GQA 4 with four query rows.
+// Both reads are also held to the reference. Quad scores are AVX-512 code:
+// on a CPU without it every case skips and says so.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "pagoda/cpu_targets.h"
+#include "reference/decode_table.h"
+#include "unit/cache_fixture.h"
+
+namespace pagoda::testing {
+namespace {
+
+struct TileCase {
+  int32_t head_dim;
+  int32_t gqa;
+  int32_t block_size;
+  int32_t q_len;
+  SplitMode mode;
+};
+
+class Fp16QuadTile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Status s = cpu::select_simd_target("avx3");
+    if (s.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << s.message();
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  void TearDown() override {
+    cpu::force_fp16_quad_tile(std::nullopt);
+    EXPECT_TRUE(cpu::select_simd_target("best").ok());
+  }
+};
+
+TEST_F(Fp16QuadTile, TileAndInPlaceGiveTheSameBits) {
+  const TileCase cases[] = {
+      {128, 8, 16, 1, SplitMode::kDeterministic}, {128, 8, 16, 4, SplitMode::kDeterministic},
+      {64, 10, 3, 1, SplitMode::kDeterministic},  {128, 12, 7, 4, SplitMode::kDeterministic},
+      {256, 16, 16, 1, SplitMode::kDeterministic}, {128, 4, 16, 4, SplitMode::kFast},
+  };
+  for (const TileCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "d" << c.head_dim << " gqa" << c.gqa << " bs" << c.block_size << " q_len "
+                                      << c.q_len << (c.mode == SplitMode::kFast ? " fast" : " deterministic"));
+    CacheGeometry g;
+    g.num_layers = 1;
+    g.num_kv_heads = 2;
+    g.num_q_heads = 2 * c.gqa;
+    g.head_dim = c.head_dim;
+    g.block_size = c.block_size;
+    g.dtype = DType::kFloat16;
+    g.num_blocks = 2 * (700 / c.block_size + 4);
+    FixtureOptions o;
+    o.geometry = g;
+    o.seed = 17;
+    CacheFixture f(o);
+    const std::vector<int32_t> lengths = {5, 333, 700};
+    const std::vector<SequenceId> ids = f.add_sequences(0, lengths);
+    CacheFixture::Variant rows;
+    rows.q_lengths.assign(ids.size(), c.q_len);
+    const auto q = f.random_queries(static_cast<int32_t>(ids.size()) * c.q_len, DType::kFloat32);
+    const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+
+    cpu::force_fp16_quad_tile(true);
+    ASSERT_TRUE(cpu::fp16_quad_tile_serves());
+    const auto tile = f.decode(0, ids, q, scale, c.mode, 128, rows);
+    cpu::force_fp16_quad_tile(false);
+    ASSERT_FALSE(cpu::fp16_quad_tile_serves());
+    const auto in_place = f.decode(0, ids, q, scale, c.mode, 128, rows);
+
+    ASSERT_EQ(tile.out.size(), in_place.out.size());
+    ASSERT_EQ(tile.lse.size(), in_place.lse.size());
+    EXPECT_EQ(std::memcmp(tile.out.data(), in_place.out.data(), tile.out.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(tile.lse.data(), in_place.lse.data(), tile.lse.size() * sizeof(float)), 0);
+
+    const auto want = f.reference(0, ids, q, scale, rows);
+    const ErrorStats e = compare(want.out, tile.out);
+    EXPECT_FALSE(e.has_nan);
+    EXPECT_LE(e.max_abs, 2e-5) << "an fp16 cache read exactly, accumulated in fp32";
+  }
+}
+
+}  // namespace
+}  // namespace pagoda::testing

@@ -24,13 +24,11 @@ inline bool zen5_or_later(CpuFamily cpu) { return cpu.amd && cpu.family >= kZen5
 // Whether quad scores (GQA 8 and wider on AVX-512) read an fp16 cache
 // through an fp32 tile widened once, each key's four elements then one
 // 128-bit broadcast load, rather than widening every replicated key where it
-// lies. On Intel's cores 512-bit widenings issue on the two FMA ports, and the
-// tile measured faster (Ice Lake, one thread, K/V in L2: fp16 GQA 8 0.97x the
-// time with one query row and 0.90x with four, 0.90x with four at 8 x 4096
-// tokens on 2 threads; GQA 16 0.94x; fast mode's quads at GQA 4 with four
-// query rows 0.94x). On AMD Zen 5, whose widenings have pipes of their own,
-// the tile took 1.06-1.07x (GQA 8, one query row). The same values in the
-// same order: no bit changes either way.
+// lies. On Intel's cores 512-bit widenings issue on the two FMA ports and the
+// tile is faster (Ice Lake: 0.90-0.97x the time on one thread, 0.91-1.01x on
+// two); on AMD Zen 5, whose widenings have pipes of their own, it took
+// 1.06-1.07x (docs/design.md §7).
+// The same values in the same order: no bit changes either way.
 inline bool quads_read_fp16_tile(CpuFamily cpu) { return !cpu.amd; }
 
 }  // namespace pagoda::cpu

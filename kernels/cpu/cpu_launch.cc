@@ -13,6 +13,7 @@
 #include "pagoda/host_convert.h"
 #include "cpu/cpu_backend_impl.h"
 #include "cpu/decode_cpu.h"
+#include "pagoda/cpu_phase_clock.h"
 #include "pagoda/cpu_targets.h"
 #include "pagoda/softmax_state.h"
 #include "pagoda/vocabulary.h"
@@ -66,6 +67,7 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
   unit_ = matrix_unit_for(g);
   fp8_tables_ = fp8_tables_serve(g);
   fp16_quad_tile_ = fp16_quad_tile_serves();
+  time_phases_ = kernel_phases_timed();
   prefetch_ = prefetch_levels();
   prefetch_ahead_ = prefetch_distance();
   score_scale_ = unit_ != MatrixUnit::kNone ? qscale : 1.f;
@@ -136,6 +138,7 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   t.unit = unit_;
   t.fp8_tables = fp8_tables_;
   t.fp16_quad_tile = fp16_quad_tile_;
+  t.time_phases = time_phases_;
   t.prefetch = prefetch_;
   t.prefetch_ahead = prefetch_ahead_;
   t.score_scale = score_scale_;

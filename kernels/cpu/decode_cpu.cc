@@ -25,6 +25,7 @@
 #include "cpu/decode_cpu.h"
 #include "cpu/decode_tiles.h"
 #include "cpu/fp8_tables.h"
+#include "cpu/phase_clock.h"
 #include "pagoda/softmax_state.h"
 #include "pagoda/vocabulary.h"
 
@@ -1010,6 +1011,7 @@ void partial_impl(const PartialTask& t) {
   // scores write whole blocks) | sub-block acc [rows][kDv] | tile [kTile][kD]
   // | packed q [rows4][kD] (quad scores, or bf16 in the paired order).
   const int64_t rows4 = (rows + kQuadRows - 1) / kQuadRows * kQuadRows;
+  PhaseTimer clock(t.time_phases);
   float* scores = t.scratch;
   float* sub_acc = scores + rows4 * kSubBlockTokens;
   float* tile = sub_acc + static_cast<int64_t>(rows) * kDv;
@@ -1109,6 +1111,7 @@ void partial_impl(const PartialTask& t) {
   for (int64_t sb = plan.first_sub_block(); sb < plan.end_sub_block(); ++sb) {
     const int64_t base = t.chunk_begin + sb * kSubBlockTokens;  // scores index = position - base
     const ReadPlan::Span span = plan.sub_block(sb);
+    clock.mark(KernelPhase::kOther);
 
     // Pass 1: every row's scores over the sub-block's keys, a stretch at a
     // time: rows read in place (direct: one run, or with kRowPointers the runs
@@ -1158,7 +1161,9 @@ void partial_impl(const PartialTask& t) {
       prefetch.catch_up();
       pos += n;
     }
+    clock.mark(KernelPhase::kScores);
     softmax_sub_block(t, plan, sb, scores, stats);
+    clock.mark(KernelPhase::kSoftmax);
     // Pass 2: P.V, each position over its own keys, in the same stretches.
     // A position's first stretch with keys writes its rows' sums from zero
     // (no fill of the sub-block's accumulators beforehand).
@@ -1192,8 +1197,10 @@ void partial_impl(const PartialTask& t) {
       prefetch.catch_up();
       pos += n;
     }
+    clock.mark(KernelPhase::kValues);
     if constexpr (kPairedOrder<T>) from_paired_order(sub_acc, rows, kDv);
     merge_sub_block(t, stats, sub_acc, kDv);
+    clock.mark(KernelPhase::kMerge);
   }
 }
 
@@ -1408,6 +1415,7 @@ void partial_bf16_unit(const PartialTask& t) {
   // | then bf16: packed q [blocks][16 * kD] | short (or fp8) key runs [2][16][kD]
   // | packed V [32 * kDv] | packed P [16][32] | fp8 V rows [32][kDv]. Each
   // region is whole 64-byte lines.
+  PhaseTimer clock(t.time_phases);
   float* scores = t.scratch;
   float* sub_acc = scores + rows_pad * kSubBlockTokens;
   auto* qb = reinterpret_cast<uint16_t*>(sub_acc + rows_pad * kDv);
@@ -1463,6 +1471,7 @@ void partial_bf16_unit(const PartialTask& t) {
   for (int64_t sb = plan.first_sub_block(); sb < plan.end_sub_block(); ++sb) {
     const int64_t base = t.chunk_begin + sb * kSubBlockTokens;  // scores index = position - base
     const ReadPlan::Span span = plan.sub_block(sb);
+    clock.mark(KernelPhase::kOther);
 
     // Pass 1: two groups of 16 keys at a time, each read in place where its
     // run has 16, else copied beside zero rows (the second group only after a
@@ -1535,6 +1544,7 @@ void partial_bf16_unit(const PartialTask& t) {
       prefetch.catch_up();
       pos = at;
     }
+    clock.mark(KernelPhase::kScores);
     // Each row's keys relative to the sub-block (none: an empty range), once
     // for the softmax and all of P.V's groups (bf16, 16 rows, GQA 4 with four
     // query rows: 0.96x the time, one thread, cache-resident).
@@ -1559,6 +1569,7 @@ void partial_bf16_unit(const PartialTask& t) {
     for (int32_t r = 0; r < rows; ++r) {
       if (stats[r].m == neg_inf<float>()) key_begin[r] = key_end[r] = 0;
     }
+    clock.mark(KernelPhase::kSoftmax);
 
     // Pass 2: P.V, 32 keys at a time, V interleaved once for every row block.
     // A block's first group with a weight writes its tiles from zero; a row
@@ -1649,7 +1660,9 @@ void partial_bf16_unit(const PartialTask& t) {
       prefetch.catch_up();
     }
     if (v_in_place && started[0]) bf16dot::lanes_to_elements(sub_acc, kDv, rows, kDv);
+    clock.mark(KernelPhase::kValues);
     merge_sub_block(t, stats, sub_acc, kDv);
+    clock.mark(KernelPhase::kMerge);
   }
 }
 

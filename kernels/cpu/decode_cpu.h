@@ -96,6 +96,8 @@ struct PartialTask {
   // and how far ahead (prefetch_distance()).
   PrefetchLevels prefetch;
   PrefetchDistance prefetch_ahead;
+  // Time the task's phases (time_kernel_phases in pagoda/cpu_phase_clock.h).
+  bool time_phases = false;
 
   // Out, row (p, h) at index position[p].partial + h:
   float* m = nullptr;                 // running max, base 2 (-inf: no key)

@@ -52,9 +52,10 @@ check-deploy: check-deps build
 # a test: it reports ratios): the reference shape (memory-bound) with 4 draft
 # tokens and the fp8 caches beside it (their time over fp16's in the same run),
 # then the compute-bound rows: GQA 8, head_dim 64, bf16. Each row names its
-# bound and the fraction of it reached.
+# bound and the fraction of it reached, and (--phases) where its tasks' time
+# goes: scores, softmax, P.V, merge, and how near the peak the first and third run.
 BENCH_SHAPE = $(BUILD)/client/pagoda-bench kernel --batch 8 --context 4096 --q-heads 32 \
-	  --threads 2 --no-naive --block-size 16
+	  --threads 2 --no-naive --block-size 16 --phases
 BENCH_KERNEL = $(BENCH_SHAPE) --target best,avx2
 # The bf16 rows: GQA 8, best (AMX tiles, else AVX512-BF16 dot products, where
 # the CPU has them) against AVX-512 FMAs (avx3) where there is AVX-512;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "pagoda/cpu_phase_clock.h"
 #include "pagoda/cpu_targets.h"
 #include "kernel_report.h"
 #include "naive_decode.h"
@@ -43,6 +44,7 @@ struct KernelOptions {
   int32_t rounds = 5;
   bool naive = true;
   bool json = false;
+  bool phases = false;  // CPU: time each row's kernel phases too (launches of their own)
 };
 
 // Deterministic pseudo-random values in [-1, 1): cheap enough to fill gigabytes.
@@ -128,6 +130,24 @@ StatusOr<std::vector<Timed>> time_launches(std::span<const Job> jobs, const Kern
   std::vector<Timed> timed(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) timed[i] = {median(times[i]), median(baselines[i])};
   return timed;
+}
+
+// One launch's time in each kernel phase (CPU), from `launches` launches of
+// job j with the phase clock on, after its timed rounds: the clock's reads
+// stay out of the times the table reports.
+StatusOr<cpu::KernelPhaseTimes> time_phases(const Job& j, int32_t launches) {
+  cpu::time_kernel_phases(true);
+  for (int32_t n = 0; n < launches; ++n) {
+    if (Status s = j.stream->decode(*j.launch, *j.d); !s.ok()) {
+      cpu::time_kernel_phases(false);
+      return s;
+    }
+  }
+  cpu::KernelPhaseTimes t = cpu::kernel_phase_times();
+  cpu::time_kernel_phases(false);
+  for (double& s : t.seconds) s /= launches;
+  t.tasks /= launches;
+  return t;
 }
 
 // 2 FLOPs per multiply-add of q.k (head_dim wide) and of p.v (v_head_dim
@@ -315,6 +335,16 @@ int run(const KernelOptions& o) {
         fmt::print(stderr, "pagoda-bench kernel: {}\n", timed.status().message());
         return false;
       }
+      std::vector<cpu::KernelPhaseTimes> phases(jobs.size());
+      const bool timing_phases = o.phases && cpu;
+      for (size_t j = 0; j < jobs.size() && timing_phases; ++j) {
+        StatusOr<cpu::KernelPhaseTimes> t = time_phases(jobs[j], std::max(2, o.iters / o.rounds));
+        if (!t.ok()) {
+          fmt::print(stderr, "pagoda-bench kernel: {}\n", t.status().message());
+          return false;
+        }
+        phases[j] = *t;
+      }
       for (size_t v = 0; v < variants.size(); ++v) {
         const Variant& var = variants[v];
         for (size_t c = 0; c < caches.size(); ++c) {
@@ -332,6 +362,8 @@ int run(const KernelOptions& o) {
           r.kv_bytes = static_cast<double>(outputs[j].kv_bytes_read);
           r.chunk_tokens = outputs[j].chunk_tokens;
           r.naive_s = var.q_len == 1 && var.window == 0 && !var.forks ? naive_s[c] : 0;
+          r.phases_timed = timing_phases;
+          r.phases = phases[j];
           report.rows.push_back(r);
         }
       }
@@ -455,6 +487,9 @@ void add_kernel_command(CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   sub->add_flag("!--no-naive", o->naive, "skip the naive scores-materialised path");
   sub->add_flag("--json", o->json, "print one JSON object instead of the table");
+  sub->add_flag("--phases", o->phases,
+                "CPU: also time each row's kernel phases (scores, softmax, P.V, merge, the rest) on the kernel's own "
+                "clock, in launches after the timed ones, and how near the peak q.k's and P.V's phases run");
   sub->callback([o] {
     const int rc = run(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -26,6 +26,42 @@ std::string ratio_cell(double ratio, int precision) {
   return ratio > 0 ? fmt::format("{:.{}f}x", ratio, precision) : "-";
 }
 
+using cpu::KernelPhase;
+constexpr KernelPhase kPhases[] = {KernelPhase::kScores, KernelPhase::kSoftmax, KernelPhase::kValues,
+                                   KernelPhase::kMerge, KernelPhase::kOther};
+constexpr const char* kPhaseNames[] = {"scores", "softmax", "values", "merge", "other"};
+
+// --phases: where each row's launch spends its tasks' time, and how near
+// its multiply-adds run to the compute peak inside q.k's and p.v's phases.
+void print_phases(const KernelReport& rep) {
+  if (std::none_of(rep.rows.begin(), rep.rows.end(), [](const KernelRow& r) { return r.phases_timed; })) return;
+  fmt::print("\nphases (--phases): each phase's share of the tasks' time, on the kernel's own clock in launches "
+             "of their own;\n\"peak\": the phase's multiply-adds at one thread's share of the compute peak, over "
+             "the phase's time\n");
+  fmt::print("{:>21} {:>8} {:>5} {:>14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9}\n", "target", "context",
+             "q_len", "mode", "dtype", "scores", "softmax", "P.V", "merge", "other", "q.k peak", "P.V peak", "task us");
+  for (const KernelRow& r : rep.rows) {
+    if (!r.phases_timed) continue;
+    const double total = r.phases.total();
+    fmt::print("{:>21} {:>8} {:>5} {:>14} {:>8}", r.target, r.context, r.q_len, r.mode, dtype_name(r.dtype));
+    for (const KernelPhase p : kPhases) fmt::print(" {:>8.3f}", total > 0 ? r.phases.at(p) / total : 0.0);
+    fmt::print(" {:>10.3f} {:>10.3f} {:>9.1f}\n", rep.phase_of_peak(r, KernelPhase::kScores),
+               rep.phase_of_peak(r, KernelPhase::kValues), total * 1e6);
+  }
+}
+
+// ", \"phases\": {...}" for a row timed by phase, else "".
+std::string phases_json(const KernelReport& rep, const KernelRow& r) {
+  if (!r.phases_timed) return "";
+  std::string out = ", \"phases\": {";
+  for (size_t i = 0; i < std::size(kPhases); ++i) {
+    out += fmt::format("\"{}_us\": {:.3f}, ", kPhaseNames[i], r.phases.at(kPhases[i]) * 1e6);
+  }
+  return out + fmt::format("\"tasks\": {}, \"scores_of_peak\": {:.4f}, \"values_of_peak\": {:.4f}}}",
+                           r.phases.tasks, rep.phase_of_peak(r, KernelPhase::kScores),
+                           rep.phase_of_peak(r, KernelPhase::kValues));
+}
+
 }  // namespace
 
 double KernelReport::time_over_one_row(const KernelRow& r) const {
@@ -50,6 +86,14 @@ double KernelReport::time_over_first_dtype(const KernelRow& r) const {
     }
   }
   return 0;
+}
+
+double KernelReport::phase_of_peak(const KernelRow& r, cpu::KernelPhase p) const {
+  const double seconds = r.phases.at(p);
+  if (!r.phases_timed || seconds <= 0 || r.compute_peak <= 0 || threads <= 0) return 0;
+  const double width = p == cpu::KernelPhase::kScores ? geometry.head_dim : geometry.v_dim();
+  const double flops = r.flops * width / (geometry.head_dim + geometry.v_dim());
+  return flops / (r.compute_peak / threads) / seconds;
 }
 
 double KernelReport::roofline_seconds(const KernelRow& r) const {
@@ -94,6 +138,7 @@ void print_table(const KernelReport& rep) {
     if (several) fmt::print(" {:>8} {:>8}", dtype_name(r.dtype), ratio_cell(rep.time_over_first_dtype(r), 2));
     fmt::print("\n");
   }
+  print_phases(rep);
 }
 
 void print_json(const KernelReport& rep) {
@@ -112,13 +157,13 @@ void print_json(const KernelReport& rep) {
                "\"kv_gb_per_s\": {:.3f}, \"baseline_gb_per_s\": {:.3f}, \"fraction_of_baseline\": {:.4f}, "
                "\"fma_peak_gflops\": {:.2f}, \"compute_unit\": \"{}\", \"roofline_us\": {:.2f}, \"fraction_of_roofline\": {:.4f}, "
                "\"bound\": \"{}\", \"time_over_q_len_1\": {:.3f}, \"naive_us\": {:.2f}, \"speedup_over_naive\": {:.3f}, "
-               "\"unshared_us\": {:.2f}, \"speedup_over_unshared\": {:.3f}}}",
+               "\"unshared_us\": {:.2f}, \"speedup_over_unshared\": {:.3f}{}}}",
                i ? ", " : "", dtype_name(r.dtype), rep.time_over_first_dtype(r), r.selection, r.target, r.prefetch, r.context, r.q_len, r.window, r.shared_prefix, r.mode, r.chunk_tokens,
                r.kernel_s * 1e6, r.kv_bytes, r.flops, r.bandwidth() / 1e9, r.baseline / 1e9,
                r.bandwidth() / r.baseline, r.compute_peak / 1e9, r.compute, rep.roofline_seconds(r) * 1e6,
                rep.fraction_of_roofline(r), rep.bound(r), rep.time_over_one_row(r), r.naive_s * 1e6,
                r.naive_s > 0 ? r.naive_s / r.kernel_s : 0.0, r.unshared_s * 1e6,
-               r.unshared_s > 0 ? r.unshared_s / r.kernel_s : 0.0);
+               r.unshared_s > 0 ? r.unshared_s / r.kernel_s : 0.0, phases_json(rep, r));
   }
   fmt::print("]}}\n");
 }

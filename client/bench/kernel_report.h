@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "pagoda/cpu_phase_clock.h"
 #include "pagoda/dtype.h"
 #include "pagoda/paged_kv.h"
 
@@ -32,6 +33,10 @@ struct KernelRow {
   std::string compute = "fma";  // which unit compute_peak measures: "fma" (fp32 FMAs), "amx" (bf16 tile multiplies) or "bf16dot" (AVX512-BF16 dot products)
   double naive_s = 0;      // naive path on the same inputs, 0 if not run
   double unshared_s = 0;   // shared_prefix > 0: the same batch with unshared twins, median of one launch
+  // --phases (CPU): one launch's seconds in each kernel phase, summed over its
+  // tasks (so over the threads), from launches of its own after the timed ones.
+  bool phases_timed = false;
+  cpu::KernelPhaseTimes phases;
 
   double bandwidth() const { return kv_bytes / kernel_s; }
 };
@@ -60,6 +65,9 @@ struct KernelReport {
   // requested target, prefetch, context, q_len, window, sharing and mode (0:
   // none, or the first dtype's own row).
   double time_over_first_dtype(const KernelRow& r) const;
+  // --phases: the multiply-adds of q.k (kScores) or of p.v (kValues) at one
+  // thread's share of the compute peak, over the phase's time (0: not timed).
+  double phase_of_peak(const KernelRow& r, cpu::KernelPhase p) const;
 };
 
 void print_table(const KernelReport& report);

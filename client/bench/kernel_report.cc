@@ -27,9 +27,15 @@ std::string ratio_cell(double ratio, int precision) {
 }
 
 using cpu::KernelPhase;
-constexpr KernelPhase kPhases[] = {KernelPhase::kScores, KernelPhase::kSoftmax, KernelPhase::kValues,
-                                   KernelPhase::kMerge, KernelPhase::kOther};
-constexpr const char* kPhaseNames[] = {"scores", "softmax", "values", "merge", "other"};
+// The phases in the order both reports give them, with their JSON names.
+constexpr struct {
+  KernelPhase phase;
+  const char* name;
+} kPhases[] = {{KernelPhase::kScores, "scores"},
+               {KernelPhase::kSoftmax, "softmax"},
+               {KernelPhase::kValues, "values"},
+               {KernelPhase::kMerge, "merge"},
+               {KernelPhase::kOther, "other"}};
 
 // --phases: where each row's launch spends its tasks' time, and how near
 // its multiply-adds run to the compute peak inside q.k's and p.v's phases.
@@ -44,7 +50,7 @@ void print_phases(const KernelReport& rep) {
     if (!r.phases_timed) continue;
     const double total = r.phases.total();
     fmt::print("{:>21} {:>8} {:>5} {:>14} {:>8}", r.target, r.context, r.q_len, r.mode, dtype_name(r.dtype));
-    for (const KernelPhase p : kPhases) fmt::print(" {:>8.3f}", total > 0 ? r.phases.at(p) / total : 0.0);
+    for (const auto& p : kPhases) fmt::print(" {:>8.3f}", total > 0 ? r.phases.at(p.phase) / total : 0.0);
     fmt::print(" {:>10.3f} {:>10.3f} {:>9.1f}\n", rep.phase_of_peak(r, KernelPhase::kScores),
                rep.phase_of_peak(r, KernelPhase::kValues), total * 1e6);
   }
@@ -54,9 +60,7 @@ void print_phases(const KernelReport& rep) {
 std::string phases_json(const KernelReport& rep, const KernelRow& r) {
   if (!r.phases_timed) return "";
   std::string out = ", \"phases\": {";
-  for (size_t i = 0; i < std::size(kPhases); ++i) {
-    out += fmt::format("\"{}_us\": {:.3f}, ", kPhaseNames[i], r.phases.at(kPhases[i]) * 1e6);
-  }
+  for (const auto& p : kPhases) out += fmt::format("\"{}_us\": {:.3f}, ", p.name, r.phases.at(p.phase) * 1e6);
   return out + fmt::format("\"tasks\": {}, \"scores_of_peak\": {:.4f}, \"values_of_peak\": {:.4f}}}",
                            r.phases.tasks, rep.phase_of_peak(r, KernelPhase::kScores),
                            rep.phase_of_peak(r, KernelPhase::kValues));

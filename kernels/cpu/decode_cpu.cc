@@ -1042,13 +1042,13 @@ void partial_impl(const PartialTask& t) {
   // rows: fp16 GQA 4 0.96x the time, GQA 8 0.92-0.95x, bf16 on the FMAs
   // 0.96x); and past 16 heads, where the tile held P.V to a call per 16 or 32
   // tokens, each reloading and storing every row's sums, and a stretch's calls
-  // keep them over 64 (AMD Zen 5, deterministic mode: latent attention's 32
-  // bf16 heads on the FMAs, 8 x 4096 tokens on 2 threads, P.V from 0.62 of
-  // the FMA peak to 0.86-0.89, the tasks' time 0.84x; fp16 GQA 32 on one
-  // thread, K/V in L3, 0.93x, bf16 0.87x). fp8, widened in several
+  // keep them over 64 (AMD Zen 5, medians of 4 alternating runs: latent
+  // attention's 32 bf16 heads on the FMAs, 8 x 4096 tokens on 2 threads, P.V
+  // from 0.59-0.61 of the FMA peak to 0.85-0.87, 0.83x the time; GQA 32 on one
+  // thread, K/V in L3, fp16 0.96x, bf16 0.95x). fp8, widened in several
   // instructions, keeps the tile (1.14x in place), and AVX2, whose calls go
   // run by run, too (latent attention 1.8-2.0x in place).
-  const bool direct_v = kRowPointers && sizeof(T) >= 2 ? true : t.heads <= kDirectRows<T> && t.positions == 1;
+  const bool direct_v = (kRowPointers && sizeof(T) >= 2) || (t.heads <= kDirectRows<T> && t.positions == 1);
   const bool tables = kIsFp8<T> && kWideTarget && t.fp8_tables;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (quads) pack_q_quads<kD>(t, rows, q_packed);

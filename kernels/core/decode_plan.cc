@@ -18,8 +18,6 @@ KeySpan sequence_keys_in(std::span<const KeySpan> row_keys, const PlanSequence& 
   return {std::max(first.begin, chunk_begin), std::min(last.end, chunk_end)};
 }
 
-int64_t span_tokens(KeySpan k) { return k.end > k.begin ? k.end - k.begin : 0; }
-
 }  // namespace
 
 void DecodePlan::build(const DecodeLaunch& launch, const CacheGeometry& g, KvScale kv, const PlanOptions& options) {

@@ -63,13 +63,16 @@ class CpuBackend final : public Backend {
   std::string device_name_;
 };
 
-// One task of a launch: the rows of one plan item (a chunk and the sequences
-// reading it) for one KV head, at most kMaxTaskRows of them: positions
-// [first_position, first_position + positions) of the launch's position list,
-// query heads [head_begin, head_begin + heads) of the KV head's group.
+// One task of a launch: the rows of plan items [item, end_item) for one KV
+// head, at most kMaxTaskRows of them: positions [first_position,
+// first_position + positions) of the launch's position list, query heads
+// [q_head, q_head + heads). One item (a chunk and the sequences reading it),
+// or a sequence task's (cpu_sequence_tasks.h): all of one sequence's chunks.
 struct CpuTask {
   int32_t item;
+  int32_t end_item;
   int32_t kv_head;
+  int32_t q_head;
   int32_t first_position;
   int32_t positions;
   int32_t heads;
@@ -99,6 +102,7 @@ class CpuStream final : public BackendStream {
   // The steps of a launch after its plan: q to fp32 and scaled, the tasks, then
   // (on the pool) every task's partial states and every row's merge.
   void load_q(const DecodeLaunch& launch);
+  void plan_sequence_tasks(bool parallel);
   void make_tasks();
   void run_task(const CpuTask& task, const DecodeLaunch& launch, float* scratch);
   void merge_row(int64_t out_row, const DecodeLaunch& launch, DecodeOutputs& out) const;
@@ -108,6 +112,10 @@ class CpuStream final : public BackendStream {
   DecodePlan plan_;
   std::vector<CpuTask> tasks_;
   std::vector<TaskPosition> positions_;  // the tasks' positions, task by task
+  // [sequences] 1 where the sequence runs as sequence tasks (its state in its
+  // first chunk's partials, the sink folded in), else 0.
+  std::vector<uint8_t> sequence_task_;
+  std::vector<int64_t> sequence_reads_;  // [sequences] scratch: key rows of one KV head it reads
   std::vector<float> q32_;               // [rows, num_q_heads, head_dim] scaled (unscaled on the AMX path)
   MatrixUnit unit_ = MatrixUnit::kNone;  // this launch's bf16 matrix unit (matrix_unit_for)
   bool fp8_tables_ = false;              // this launch widens fp8 by tables (fp8_tables_serve)

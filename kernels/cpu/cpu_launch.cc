@@ -6,14 +6,18 @@
 #include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "pagoda/host_convert.h"
 #include "cpu/cpu_backend_impl.h"
 #include "cpu/decode_cpu.h"
+#include "cpu/state_merge.h"
 #include "pagoda/cpu_phase_clock.h"
+#include "pagoda/cpu_sequence_tasks.h"
 #include "pagoda/cpu_targets.h"
 #include "pagoda/softmax_state.h"
 #include "pagoda/vocabulary.h"
@@ -35,6 +39,35 @@ constexpr int32_t kMinSharedMembers = 3;
 // (about 50 microseconds of work): waking the pool costs more.
 constexpr int64_t kParallelMinTokenHeads = 4096;
 
+// force_sequence_tasks: -1 the launch's choice, 0 never, 1 wherever eligible.
+std::atomic<int> g_sequence_tasks{-1};
+
+// A task's heads and most positions: all query heads of the group (at most
+// kMaxTaskRows; split when the group alone is larger) for as many positions
+// as fit in kTaskRowsTarget rows.
+struct TaskShape {
+  int32_t heads;
+  int32_t positions;
+};
+TaskShape task_shape(const CacheGeometry& g) {
+  const int32_t heads = std::min(g.group_size(), kMaxTaskRows);
+  return {heads, std::max(1, kTaskRowsTarget / heads)};
+}
+
+// Sequence tasks only for tasks of this many rows or more: compute-bound
+// ones, which gain the set-up a task per chunk repeats. Where the reads bound
+// the task, a task per chunk measured faster. AMD Zen 5, 8 x 4096 tokens, 2
+// threads, deterministic mode, medians of 3 to 8 alternating runs of one
+// binary, sequence tasks against a task per chunk: fp16 GQA 4 with four query
+// rows (16 rows) 0.95-0.975x the time on AVX-512 and 0.976-0.986x on AVX2,
+// GQA 8 with four 0.95x, bf16 and e4m3 GQA 4 with four on the dot products
+// 0.97x and 0.96x, latent attention's 32 heads 0.93x; but GQA 8 with one
+// query row 1.03x, head_dim 64 1.065x, bf16 GQA 4 with one 1.05x, e4m3 1.03x,
+// GQA 1 with one and four 1.05x and 1.02x. A chunk's tasks take the KV heads
+// of the same blocks one after another; a sequence task reads one KV head's
+// share of each block in turn.
+constexpr int32_t kSequenceTaskMinRows = 16;
+
 // Runs fn(begin, end) over [0, n): in pieces of at least `grain` on the pool
 // when called inside the arena with `parallel`, else on the calling thread.
 template <typename Fn>
@@ -45,6 +78,8 @@ void run_range(bool parallel, size_t n, size_t grain, const Fn& fn) {
 }
 
 }  // namespace
+
+void force_sequence_tasks(std::optional<bool> on) { g_sequence_tasks = on ? static_cast<int>(*on) : -1; }
 
 float* CpuStream::thread_scratch(int64_t floats) {
   AlignedFloats& s = scratch_.local();
@@ -76,21 +111,73 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
   }
 }
 
+// Which sequences run as sequence tasks (pagoda/cpu_sequence_tasks.h). A
+// row's bits are the same either way only where a chunk is one sub-block:
+// the chunk's state is then its one sub-block's, and a sequence task merges
+// the sub-blocks in the order the chunks' states would be merged (a chunk of
+// several sub-blocks would merge them as a chunk first, and merges do not
+// associate bit for bit). Eligible: such chunks, at least two of them, none
+// shared. Chosen: each eligible sequence whose tasks hold at least
+// kSequenceTaskMinRows rows and whose reads (key rows of one KV head: a
+// task's) are at most a balanced share of the launch's, the reads of all its
+// KV heads over kWavesPerWorker tasks per thread (fast mode's aim,
+// pagoda/split_plan.h), so that the threads still end together (on the
+// calling thread alone, any).
+void CpuStream::plan_sequence_tasks(bool parallel) {
+  const CacheGeometry& g = backend_.geometry();
+  const std::span<const PlanItem> items = plan_.items();
+  const std::span<const PlanSequence> seqs = plan_.sequences();
+  sequence_task_.assign(seqs.size(), 0);
+  const int forced = g_sequence_tasks.load(std::memory_order_relaxed);
+  if (forced == 0 || plan_.chunk_tokens() != kSubBlockTokens) return;
+  // Reads per sequence; -1 marks one with a shared chunk.
+  sequence_reads_.assign(seqs.size(), 0);
+  int64_t reads = 0;
+  for (const PlanItem& item : items) {
+    const int64_t n = span_tokens(plan_.item_keys(item));
+    reads += n;
+    for (int32_t m = item.first_member; m < item.end_member; ++m) {
+      int64_t& r = sequence_reads_[static_cast<size_t>(plan_.members()[static_cast<size_t>(m)])];
+      r = item.member_count() > 1 || r < 0 ? -1 : r + n;
+    }
+  }
+  const int64_t tasks = (parallel ? backend_.threads() : 1) * static_cast<int64_t>(kWavesPerWorker);
+  const int64_t share = (reads * g.num_kv_heads + tasks - 1) / tasks;
+  const TaskShape shape = task_shape(g);
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int64_t r = sequence_reads_[b];
+    if (r < 0 || seqs[b].chunks.count() < 2) continue;
+    const int32_t rows = shape.heads * std::min(seqs[b].rows, shape.positions);
+    sequence_task_[b] = forced == 1 || (rows >= kSequenceTaskMinRows && (!parallel || r <= share));
+  }
+}
+
 // Every item's rows per KV head, in tasks of all query heads of the group (at
 // most kMaxTaskRows; split when the group alone is larger) for as many
 // positions as fit in kTaskRowsTarget rows, positions taken member by member.
+// A sequence task's items are its sequence's, in order from its first chunk:
+// the plan lists an unshared sequence's items one after another.
 void CpuStream::make_tasks() {
   const CacheGeometry& g = backend_.geometry();
   const int32_t group = g.group_size();
-  const int32_t heads_per_task = std::min(group, kMaxTaskRows);
-  const int32_t positions_per_task = std::max(1, kTaskRowsTarget / heads_per_task);
+  const TaskShape shape = task_shape(g);
+  const int32_t heads_per_task = shape.heads;
+  const int32_t positions_per_task = shape.positions;
   const std::span<const PlanItem> items = plan_.items();
   const std::span<const PlanSequence> seqs = plan_.sequences();
   const std::span<const KeySpan> keys = plan_.row_keys();
   tasks_.clear();
   positions_.clear();
-  for (size_t it = 0; it < items.size(); ++it) {
+  for (size_t it = 0; it < items.size();) {
     const PlanItem& item = items[it];
+    size_t end_item = it + 1;
+    if (item.member_count() == 1) {
+      const auto leader = static_cast<size_t>(plan_.members()[static_cast<size_t>(item.first_member)]);
+      if (sequence_task_[leader]) {
+        assert(item.chunk == seqs[leader].chunks.first);
+        end_item = it + static_cast<size_t>(seqs[leader].chunks.count());
+      }
+    }
     for (int32_t kv_head = 0; kv_head < g.num_kv_heads; ++kv_head) {
       for (int32_t g0 = 0; g0 < group; g0 += heads_per_task) {
         const int32_t q_head = kv_head * group + g0;
@@ -100,8 +187,8 @@ void CpuStream::make_tasks() {
           const PlanSequence& s = seqs[static_cast<size_t>(seq)];
           for (int32_t i = 0; i < s.rows; ++i) {
             if (in_task == positions_per_task) {
-              tasks_.push_back({static_cast<int32_t>(it), kv_head, static_cast<int32_t>(positions_.size()), 0,
-                                std::min(group - g0, heads_per_task)});
+              tasks_.push_back({static_cast<int32_t>(it), static_cast<int32_t>(end_item), kv_head, q_head,
+                                static_cast<int32_t>(positions_.size()), 0, std::min(group - g0, heads_per_task)});
               in_task = 0;
             }
             const int32_t row = s.first_row + i;
@@ -114,6 +201,7 @@ void CpuStream::make_tasks() {
         }
       }
     }
+    it = end_item;
   }
 }
 
@@ -121,7 +209,10 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   const CacheGeometry& g = backend_.geometry();
   const PlanItem& item = plan_.items()[static_cast<size_t>(task.item)];
   const int32_t leader = plan_.members()[static_cast<size_t>(item.first_member)];
-  const ChunkRange range = chunk_range(launch.tables.lengths[leader], plan_.chunk_tokens(), item.chunk);
+  const int64_t length = launch.tables.lengths[leader];
+  const int32_t last_chunk = plan_.items()[static_cast<size_t>(task.end_item - 1)].chunk;
+  const ChunkRange range{chunk_range(length, plan_.chunk_tokens(), item.chunk).begin,
+                         chunk_range(length, plan_.chunk_tokens(), last_chunk).end};
   PartialTask t;
   t.geometry = &g;
   t.k_layer = backend_.k_at(launch.layer, 0, 0, 0);
@@ -142,6 +233,10 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   t.prefetch = prefetch_;
   t.prefetch_ahead = prefetch_ahead_;
   t.score_scale = score_scale_;
+  // A sequence task starts from the sinks, where the merge of the chunks would.
+  if (sequence_task_[static_cast<size_t>(leader)] && plan_.constants().has_sinks) {
+    t.sinks = plan_.sinks_log2().data() + task.q_head;
+  }
   t.m = stats_.data();
   t.l = stats_.data() + plan_.partial_rows();
   t.acc = accs_.data();
@@ -167,13 +262,17 @@ void CpuStream::merge_row(int64_t out_row, const DecodeLaunch& launch, DecodeOut
   // (most rows have one chunk: the same bits, one pass over the row).
   SoftmaxStats<float> st;
   const float* sum = nullptr;
-  if (plan_.constants().has_sinks) {
+  // A sequence task left its one state in the first chunk's partials, its
+  // sink merged in first.
+  const bool sequence_task = sequence_task_[static_cast<size_t>(b)] != 0;
+  const int32_t end_chunk = sequence_task ? s.chunks.first + 1 : s.chunks.end;
+  if (plan_.constants().has_sinks && !sequence_task) {
     st = {plan_.sinks_log2()[static_cast<size_t>(qh)], 1.f};
     std::fill(acc, acc + d, 0.f);
     sum = acc;
   }
   const int64_t partial_rows = plan_.partial_rows();
-  for (int32_t c = s.chunks.first; c < s.chunks.end; ++c) {
+  for (int32_t c = s.chunks.first; c < end_chunk; ++c) {
     const int64_t p = plan_.partial_index(b, c, row - s.first_row, qh);
     const SoftmaxStats<float> part{stats_[static_cast<size_t>(p)], stats_[static_cast<size_t>(partial_rows + p)]};
     const float* part_acc = accs_.data() + p * d;
@@ -187,7 +286,7 @@ void CpuStream::merge_row(int64_t out_row, const DecodeLaunch& launch, DecodeOut
       std::copy(sum, sum + d, acc);
       sum = acc;
     }
-    merge_into(st, acc, part, part_acc, static_cast<int>(d));
+    merge_state(st, acc, part, part_acc, static_cast<int>(d));
   }
   if (sum == nullptr) {
     std::fill(acc, acc + d, 0.f);
@@ -214,16 +313,17 @@ Status CpuStream::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
   out.kv_bytes_read = plan_.read_tokens() * g.token_kv_bytes();
   out.kv_bytes_shared = plan_.shared_tokens() * g.token_kv_bytes();
 
+  int64_t attended = 0;
+  for (int32_t b = 0; b < launch.tables.batch; ++b) attended += launch.tables.lengths[b];
+  const bool parallel = threads > 1 && attended * g.num_kv_heads >= kParallelMinTokenHeads;
   load_q(launch);
+  plan_sequence_tasks(parallel);
   make_tasks();
   stats_.resize(static_cast<size_t>(plan_.partial_rows()) * 2);
   accs_.resize(static_cast<size_t>(plan_.partial_rows() * g.v_dim()));
   const int64_t scratch_floats =
       partial_scratch_floats(std::min(kMaxTaskRows, std::max(g.group_size(), kTaskRowsTarget)), g.head_dim);
 
-  int64_t attended = 0;
-  for (int32_t b = 0; b < launch.tables.batch; ++b) attended += launch.tables.lengths[b];
-  const bool parallel = threads > 1 && attended * g.num_kv_heads >= kParallelMinTokenHeads;
   auto partials = [&](size_t begin, size_t end) {
     float* scratch = thread_scratch(scratch_floats);
     for (size_t i = begin; i != end; ++i) run_task(tasks_[i], launch, scratch);

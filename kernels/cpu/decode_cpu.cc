@@ -26,6 +26,7 @@
 #include "cpu/decode_tiles.h"
 #include "cpu/fp8_tables.h"
 #include "cpu/phase_clock.h"
+#include "cpu/state_merge.h"
 #include "pagoda/softmax_state.h"
 #include "pagoda/vocabulary.h"
 
@@ -815,10 +816,17 @@ HWY_INLINE int64_t state_index(const PartialTask& t, int32_t r) {
 // Every row's state starts empty: m = -inf, l = 0, and acc = 0 (dv wide)
 // with zero_acc. Without, acc is left as it is: merges never read the acc of
 // an empty state (merge_into copies over it), and at a latent head's 512
-// elements for up to 128 rows the fill is a pass over 256 KiB per task.
+// elements for up to 128 rows the fill is a pass over 256 KiB per task. With
+// sinks, each row starts from its head's sink instead: m = sink, l = 1, acc = 0.
 HWY_INLINE void reset_states(const PartialTask& t, int64_t dv, bool zero_acc = true) {
   for (int32_t r = 0; r < t.positions * t.heads; ++r) {
     const int64_t i = state_index(t, r);
+    if (t.sinks != nullptr) {
+      t.m[i] = t.sinks[r % t.heads];
+      t.l[i] = 1.f;
+      std::fill(t.acc + i * dv, t.acc + (i + 1) * dv, 0.f);
+      continue;
+    }
     t.m[i] = neg_inf<float>();
     t.l[i] = 0.f;
     if (zero_acc) std::fill(t.acc + i * dv, t.acc + (i + 1) * dv, 0.f);
@@ -867,7 +875,7 @@ HWY_INLINE void merge_sub_block(const PartialTask& t, const SoftmaxStats<float>*
   for (int32_t r = 0; r < t.positions * t.heads; ++r) {
     const int64_t i = state_index(t, r);
     SoftmaxStats<float> running{t.m[i], t.l[i]};
-    merge_into(running, t.acc + i * dv, stats[r], sub_acc + r * dv, static_cast<int>(dv));
+    merge_state(running, t.acc + i * dv, stats[r], sub_acc + r * dv, static_cast<int>(dv));
     t.m[i] = running.m;
     t.l[i] = running.l;
   }

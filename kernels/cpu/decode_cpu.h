@@ -98,6 +98,11 @@ struct PartialTask {
   PrefetchDistance prefetch_ahead;
   // Time the task's phases (time_kernel_phases in pagoda/cpu_phase_clock.h).
   bool time_phases = false;
+  // [heads] each head's sink, base 2, or null: rows start from the state the
+  // merge of the chunks starts from with sinks (m = sink, l = 1, acc = 0)
+  // instead of an empty one. A sequence task's (pagoda/cpu_sequence_tasks.h),
+  // which folds every chunk of its sequence itself.
+  const float* sinks = nullptr;
 
   // Out, row (p, h) at index position[p].partial + h:
   float* m = nullptr;                 // running max, base 2 (-inf: no key)

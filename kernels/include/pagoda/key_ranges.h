@@ -16,6 +16,9 @@ struct KeySpan {
   int64_t end;  // one past the last key; begin >= end: none
 };
 
+// Keys in span k.
+HD int64_t span_tokens(KeySpan k) { return k.end > k.begin ? k.end - k.begin : 0; }
+
 HD KeySpan row_keys(int64_t length, int32_t rows, int32_t i, int32_t window) {
   const int64_t p = length - rows + i;
   const int64_t begin = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;

@@ -1,0 +1,178 @@
+// Sequence tasks (pagoda/cpu_sequence_tasks.h): a sequence's chunks folded by
+// one task give every row the bits a task per chunk and the merge after them
+// give it, on every SIMD target and path (the FMAs, the bf16 dot products
+// where the CPU has them), with sinks, soft-caps, windows, draft rows and
+// latent attention; both are held to the reference too. The launch's own
+// choice takes them for tasks of 16 rows and more only, and never for a
+// chunk of several sub-blocks or a shared one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpu/decode_cpu.h"
+#include "pagoda/cpu_phase_clock.h"
+#include "pagoda/cpu_sequence_tasks.h"
+#include "pagoda/cpu_targets.h"
+#include "reference/decode_table.h"
+#include "unit/cache_fixture.h"
+
+namespace pagoda::testing {
+namespace {
+
+constexpr int32_t kSplit = static_cast<int32_t>(cpu::kSubBlockTokens);
+
+struct SequenceCase {
+  std::string target;
+  DType dtype;
+  int32_t gqa;
+  int32_t head_dim;
+  int32_t v_head_dim;  // 0: head_dim
+  int32_t block_size;
+  int32_t q_len;
+  int32_t window;
+  float soft_cap;
+  bool sinks;
+  int32_t threads;
+};
+
+std::string describe(const SequenceCase& c) {
+  return c.target + " " + std::string(dtype_name(c.dtype)) + " gqa" + std::to_string(c.gqa) + " d" + std::to_string(c.head_dim) +
+         (c.v_head_dim > 0 ? "/" + std::to_string(c.v_head_dim) : "") + " bs" + std::to_string(c.block_size) +
+         " q_len " + std::to_string(c.q_len) + " window " + std::to_string(c.window) +
+         (c.soft_cap > 0 ? " soft-cap" : "") + (c.sinks ? " sinks" : "") + " threads " + std::to_string(c.threads);
+}
+
+class SequenceTasks : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    cpu::force_sequence_tasks(std::nullopt);
+    cpu::time_kernel_phases(false);
+    EXPECT_TRUE(cpu::select_simd_target("best").ok());
+  }
+};
+
+struct CountedDecode {
+  CacheFixture::Decoded decoded;
+  int64_t tasks = 0;  // tasks the launch ran, by the phase clock
+};
+
+CountedDecode decode_counting(CacheFixture& f, const std::vector<SequenceId>& ids, const CacheFixture::Queries& q,
+                    float scale, const DecodeVariant& variant) {
+  cpu::time_kernel_phases(true);
+  CountedDecode r;
+  r.decoded = f.decode(0, ids, q, scale, SplitMode::kDeterministic, kSplit, variant);
+  r.tasks = cpu::kernel_phase_times().tasks;
+  cpu::time_kernel_phases(false);
+  return r;
+}
+
+TEST_F(SequenceTasks, GiveTheBitsOfATaskPerChunk) {
+  using enum DType;
+  const SequenceCase cases[] = {
+      {"best", kFloat16, 4, 128, 0, 16, 4, 0, 0.f, false, 2},
+      {"best", kFloat16, 4, 128, 0, 16, 1, 0, 0.f, true, 1},
+      {"best", kFloat16, 8, 64, 0, 7, 3, 700, 0.f, true, 2},
+      {"best", kFloat32, 2, 64, 0, 16, 2, 0, 30.f, false, 1},
+      {"best", kBFloat16, 4, 128, 0, 16, 4, 0, 0.f, true, 2},
+      {"best", kFloat8E4M3, 4, 128, 0, 16, 4, 900, 0.f, false, 2},
+      {"best", kFloat8E5M2, 8, 128, 0, 16, 1, 0, 20.f, true, 1},
+      {"best", kBFloat16, 16, 576, 512, 16, 1, 0, 0.f, true, 2},
+      {"avx3", kBFloat16, 4, 128, 0, 16, 4, 0, 0.f, true, 2},
+      {"avx3", kFloat16, 4, 64, 0, 16, 4, 0, 0.f, false, 1},
+      {"avx2", kFloat16, 4, 128, 0, 16, 4, 0, 0.f, true, 2},
+      {"avx2", kFloat8E4M3, 8, 64, 0, 16, 2, 0, 0.f, false, 1},
+  };
+  for (const SequenceCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const Status selected = cpu::select_simd_target(c.target);
+    if (selected.code() == StatusCode::kFailedPrecondition) continue;  // this CPU lacks the target
+    ASSERT_TRUE(selected.ok()) << selected.message();
+    CacheGeometry g;
+    g.num_layers = 1;
+    g.num_kv_heads = c.v_head_dim > 0 ? 1 : 2;
+    g.num_q_heads = g.num_kv_heads * c.gqa;
+    g.head_dim = c.head_dim;
+    g.v_head_dim = c.v_head_dim;
+    g.block_size = c.block_size;
+    g.dtype = c.dtype;
+    // One chunk, two, three and four, the last ones partial.
+    const std::vector<int32_t> lengths = {300, 1024, 1100, 1990};
+    int32_t blocks = 0;
+    for (int32_t n : lengths) blocks += (n + c.block_size - 1) / c.block_size + 1;
+    g.num_blocks = blocks;
+    FixtureOptions o{g, c.threads, 41};
+    if (is_fp8(c.dtype)) o.kv_scales = {KvScale{0.5f, 0.25f}};
+    CacheFixture f(o);
+    const std::vector<SequenceId> ids = f.add_sequences(0, lengths);
+    DecodeVariant variant;
+    variant.q_lengths.assign(ids.size(), c.q_len);
+    variant.window = c.window;
+    variant.soft_cap = c.soft_cap;
+    if (c.sinks) {
+      for (int32_t h = 0; h < g.num_q_heads; ++h) variant.sinks.push_back(-1.f + 0.37f * static_cast<float>(h % 7));
+    }
+    const auto q = f.random_queries(static_cast<int32_t>(ids.size()) * c.q_len, DType::kFloat32);
+    const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+
+    cpu::force_sequence_tasks(false);
+    const CountedDecode per_chunk = decode_counting(f, ids, q, scale, variant);
+    cpu::force_sequence_tasks(true);
+    const CountedDecode sequence = decode_counting(f, ids, q, scale, variant);
+
+    // The knob changed the tasks: the three sequences of several chunks run as
+    // one task per head group instead of one per chunk.
+    EXPECT_LT(sequence.tasks, per_chunk.tasks);
+    ASSERT_EQ(sequence.decoded.out_bytes.size(), per_chunk.decoded.out_bytes.size());
+    ASSERT_EQ(sequence.decoded.lse.size(), per_chunk.decoded.lse.size());
+    EXPECT_EQ(std::memcmp(sequence.decoded.out_bytes.data(), per_chunk.decoded.out_bytes.data(),
+                          sequence.decoded.out_bytes.size()),
+              0);
+    EXPECT_EQ(std::memcmp(sequence.decoded.lse.data(), per_chunk.decoded.lse.data(),
+                          sequence.decoded.lse.size() * sizeof(float)),
+              0);
+    // The plan's split is reported as it was planned.
+    EXPECT_EQ(sequence.decoded.splits, per_chunk.decoded.splits);
+
+    const Arithmetic arithmetic = arithmetic_of("cpu", g);
+    const auto want = f.reference(0, ids, as_multiplied(q, arithmetic), scale, variant);
+    expect_matches_reference(sequence.decoded.out, sequence.decoded.lse, want, DType::kFloat32, arithmetic);
+  }
+}
+
+// The launch's choice: tasks of 16 rows and more (GQA 4 with four query
+// rows) fold their sequences; 4 rows (one query row) keep a task per chunk;
+// a split of two sub-blocks a chunk never folds.
+TEST_F(SequenceTasks, LaunchTakesThemForWideTasksOfOneSubBlockChunks) {
+  CacheGeometry g;
+  g.num_layers = 1;
+  g.num_kv_heads = 2;
+  g.num_q_heads = 8;
+  g.head_dim = 64;
+  g.block_size = 16;
+  g.dtype = DType::kFloat16;
+  g.num_blocks = 2 * (2048 / 16 + 1);
+  CacheFixture f(FixtureOptions{g, 1, 5});
+  const std::vector<SequenceId> ids = f.add_sequences(0, {2048, 2000});
+  const float scale = 0.125f;
+  const auto tasks_of = [&](int32_t q_len, int32_t split) {
+    DecodeVariant variant;
+    variant.q_lengths.assign(ids.size(), q_len);
+    const auto q = f.random_queries(static_cast<int32_t>(ids.size()) * q_len, DType::kFloat32);
+    cpu::time_kernel_phases(true);
+    f.decode(0, ids, q, scale, SplitMode::kDeterministic, split, variant);
+    const int64_t tasks = cpu::kernel_phase_times().tasks;
+    cpu::time_kernel_phases(false);
+    return tasks;
+  };
+  // Two sequences of four chunks, two KV heads.
+  EXPECT_EQ(tasks_of(4, kSplit), 2 * 2);
+  EXPECT_EQ(tasks_of(1, kSplit), 2 * 4 * 2);
+  EXPECT_EQ(tasks_of(4, 2 * kSplit), 2 * 2 * 2);
+}
+
+}  // namespace
+}  // namespace pagoda::testing

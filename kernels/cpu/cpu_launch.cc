@@ -63,9 +63,11 @@ TaskShape task_shape(const CacheGeometry& g) {
 // GQA 8 with four 0.95x, bf16 and e4m3 GQA 4 with four on the dot products
 // 0.97x and 0.96x, latent attention's 32 heads 0.93x; but GQA 8 with one
 // query row 1.03x, head_dim 64 1.065x, bf16 GQA 4 with one 1.05x, e4m3 1.03x,
-// GQA 1 with one and four 1.05x and 1.02x. A chunk's tasks take the KV heads
-// of the same blocks one after another; a sequence task reads one KV head's
-// share of each block in turn.
+// GQA 1 with one and four 1.05x and 1.02x. Those narrow rows gain little
+// (one pinned thread from memory: GQA 8 with one query row 0.99x, head_dim 64
+// 0.98x; 32 x 2048 tokens on 2 threads 1.005x and 0.97x), and at 8 x 4096
+// tokens 64 tasks leave one of two threads a task's time idle at the end
+// where 512 left it an eighth of that.
 constexpr int32_t kSequenceTaskMinRows = 16;
 
 // Runs fn(begin, end) over [0, n): in pieces of at least `grain` on the pool

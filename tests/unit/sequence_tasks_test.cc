@@ -143,9 +143,9 @@ TEST_F(SequenceTasks, GiveTheBitsOfATaskPerChunk) {
   }
 }
 
-// The launch's choice: tasks of 16 rows and more (GQA 4 with four query
-// rows) fold their sequences; 4 rows (one query row) keep a task per chunk;
-// a split of two sub-blocks a chunk never folds.
+// The launch's choice on one thread: tasks of 16 rows and more (GQA 4 with
+// four query rows) fold their sequences; 4 rows (one query row) keep a task
+// per chunk; a split of two sub-blocks a chunk never folds.
 TEST_F(SequenceTasks, LaunchTakesThemForWideTasksOfOneSubBlockChunks) {
   CacheGeometry g;
   g.num_layers = 1;
@@ -172,6 +172,31 @@ TEST_F(SequenceTasks, LaunchTakesThemForWideTasksOfOneSubBlockChunks) {
   EXPECT_EQ(tasks_of(4, kSplit), 2 * 2);
   EXPECT_EQ(tasks_of(1, kSplit), 2 * 4 * 2);
   EXPECT_EQ(tasks_of(4, 2 * kSplit), 2 * 2 * 2);
+}
+
+// On two threads a sequence folds only where its reads are at most a balanced
+// share of the launch's (the reads of all KV heads over four tasks a thread):
+// of 4096, 1024 and 1024 tokens over two KV heads, the share is 1536 tokens,
+// so the long sequence keeps its 8 chunks' tasks per KV head and the short
+// ones fold into one each.
+TEST_F(SequenceTasks, OnSeveralThreadsALongSequenceKeepsATaskPerChunk) {
+  CacheGeometry g;
+  g.num_layers = 1;
+  g.num_kv_heads = 2;
+  g.num_q_heads = 8;
+  g.head_dim = 64;
+  g.block_size = 16;
+  g.dtype = DType::kFloat16;
+  g.num_blocks = 2 * (6144 / 16 + 3);
+  CacheFixture f(FixtureOptions{g, 2, 9});
+  const std::vector<SequenceId> ids = f.add_sequences(0, {4096, 1024, 1024});
+  DecodeVariant variant;
+  variant.q_lengths.assign(ids.size(), 4);
+  const auto q = f.random_queries(static_cast<int32_t>(ids.size()) * 4, DType::kFloat32);
+  cpu::time_kernel_phases(true);
+  f.decode(0, ids, q, 0.125f, SplitMode::kDeterministic, kSplit, variant);
+  EXPECT_EQ(cpu::kernel_phase_times().tasks, 8 * 2 + 2 + 2);
+  cpu::time_kernel_phases(false);
 }
 
 }  // namespace

@@ -55,19 +55,19 @@ TaskShape task_shape(const CacheGeometry& g) {
 }
 
 // Sequence tasks only for tasks of this many rows or more: compute-bound
-// ones, which gain the set-up a task per chunk repeats. Where the reads bound
-// the task, a task per chunk measured faster. AMD Zen 5, 8 x 4096 tokens, 2
-// threads, deterministic mode, medians of 3 to 8 alternating runs of one
-// binary, sequence tasks against a task per chunk: fp16 GQA 4 with four query
-// rows (16 rows) 0.95-0.975x the time on AVX-512 and 0.976-0.986x on AVX2,
-// GQA 8 with four 0.95x, bf16 and e4m3 GQA 4 with four on the dot products
-// 0.97x and 0.96x, latent attention's 32 heads 0.93x; but GQA 8 with one
+// ones, which gain the set-up a task per chunk repeats. AMD Zen 5, 8 x 4096
+// tokens, 2 threads, deterministic mode, medians of 3 to 8 alternating runs of
+// one binary, sequence tasks against a task per chunk: fp16 GQA 4 with four
+// query rows (16 rows) 0.95-0.975x the time on AVX-512 and 0.976-0.986x on
+// AVX2, GQA 8 with four 0.95x, bf16 and e4m3 GQA 4 with four on the dot
+// products 0.97x and 0.96x, latent attention's 32 heads 0.93x. Where the
+// reads bound the task, a task per chunk measured faster: GQA 8 with one
 // query row 1.03x, head_dim 64 1.065x, bf16 GQA 4 with one 1.05x, e4m3 1.03x,
 // GQA 1 with one and four 1.05x and 1.02x. Those narrow rows gain little
 // (one pinned thread from memory: GQA 8 with one query row 0.99x, head_dim 64
 // 0.98x; 32 x 2048 tokens on 2 threads 1.005x and 0.97x), and at 8 x 4096
-// tokens 64 tasks leave one of two threads a task's time idle at the end
-// where 512 left it an eighth of that.
+// tokens 64 tasks leave one of two threads up to a task's time idle at the
+// end, where 512 left it an eighth of that.
 constexpr int32_t kSequenceTaskMinRows = 16;
 
 // Runs fn(begin, end) over [0, n): in pieces of at least `grain` on the pool

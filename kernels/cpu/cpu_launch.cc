@@ -127,15 +127,24 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
 // calling thread alone, any).
 void CpuStream::plan_sequence_tasks(bool parallel) {
   const CacheGeometry& g = backend_.geometry();
-  const std::span<const PlanItem> items = plan_.items();
   const std::span<const PlanSequence> seqs = plan_.sequences();
   sequence_task_.assign(seqs.size(), 0);
   const int forced = g_sequence_tasks.load(std::memory_order_relaxed);
   if (forced == 0 || plan_.chunk_tokens() != kSubBlockTokens) return;
+  // Candidates by their chunks and rows first: most launches (one query row
+  // of a narrow group) have none, and skip the reads below.
+  const TaskShape shape = task_shape(g);
+  bool any = false;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int32_t rows = shape.heads * std::min(seqs[b].rows, shape.positions);
+    sequence_task_[b] = seqs[b].chunks.count() >= 2 && (forced == 1 || rows >= kSequenceTaskMinRows);
+    any = any || sequence_task_[b];
+  }
+  if (!any) return;
   // Reads per sequence; -1 marks one with a shared chunk.
   sequence_reads_.assign(seqs.size(), 0);
   int64_t reads = 0;
-  for (const PlanItem& item : items) {
+  for (const PlanItem& item : plan_.items()) {
     const int64_t n = span_tokens(plan_.item_keys(item));
     reads += n;
     for (int32_t m = item.first_member; m < item.end_member; ++m) {
@@ -145,12 +154,9 @@ void CpuStream::plan_sequence_tasks(bool parallel) {
   }
   const int64_t tasks = (parallel ? backend_.threads() : 1) * static_cast<int64_t>(kWavesPerWorker);
   const int64_t share = (reads * g.num_kv_heads + tasks - 1) / tasks;
-  const TaskShape shape = task_shape(g);
   for (size_t b = 0; b < seqs.size(); ++b) {
     const int64_t r = sequence_reads_[b];
-    if (r < 0 || seqs[b].chunks.count() < 2) continue;
-    const int32_t rows = shape.heads * std::min(seqs[b].rows, shape.positions);
-    sequence_task_[b] = forced == 1 || (rows >= kSequenceTaskMinRows && (!parallel || r <= share));
+    sequence_task_[b] = sequence_task_[b] && r >= 0 && (forced == 1 || !parallel || r <= share);
   }
 }
 

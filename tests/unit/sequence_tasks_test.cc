@@ -39,11 +39,14 @@ struct SequenceCase {
   int32_t threads;
 };
 
-std::string describe(const SequenceCase& c) {
-  return c.target + " " + std::string(dtype_name(c.dtype)) + " gqa" + std::to_string(c.gqa) + " d" + std::to_string(c.head_dim) +
-         (c.v_head_dim > 0 ? "/" + std::to_string(c.v_head_dim) : "") + " bs" + std::to_string(c.block_size) +
-         " q_len " + std::to_string(c.q_len) + " window " + std::to_string(c.window) +
-         (c.soft_cap > 0 ? " soft-cap" : "") + (c.sinks ? " sinks" : "") + " threads " + std::to_string(c.threads);
+::testing::Message describe(const SequenceCase& c) {
+  ::testing::Message m;
+  m << c.target << " " << dtype_name(c.dtype) << " gqa" << c.gqa << " d" << c.head_dim;
+  if (c.v_head_dim > 0) m << "/" << c.v_head_dim;
+  m << " bs" << c.block_size << " q_len " << c.q_len << " window " << c.window;
+  if (c.soft_cap > 0) m << " soft-cap";
+  if (c.sinks) m << " sinks";
+  return m << " threads " << c.threads;
 }
 
 class SequenceTasks : public ::testing::Test {
@@ -61,13 +64,34 @@ struct CountedDecode {
 };
 
 CountedDecode decode_counting(CacheFixture& f, const std::vector<SequenceId>& ids, const CacheFixture::Queries& q,
-                    float scale, const DecodeVariant& variant) {
+                             float scale, const DecodeVariant& variant, int32_t split = kSplit) {
   cpu::time_kernel_phases(true);
   CountedDecode r;
-  r.decoded = f.decode(0, ids, q, scale, SplitMode::kDeterministic, kSplit, variant);
+  r.decoded = f.decode(0, ids, q, scale, SplitMode::kDeterministic, split, variant);
   r.tasks = cpu::kernel_phase_times().tasks;
   cpu::time_kernel_phases(false);
   return r;
+}
+
+// Tasks one deterministic launch of `ids` runs with q_len query rows each.
+int64_t tasks_of(CacheFixture& f, const std::vector<SequenceId>& ids, int32_t q_len, int32_t split = kSplit) {
+  DecodeVariant variant;
+  variant.q_lengths.assign(ids.size(), q_len);
+  const auto q = f.random_queries(static_cast<int32_t>(ids.size()) * q_len, DType::kFloat32);
+  return decode_counting(f, ids, q, 0.125f, variant, split).tasks;
+}
+
+// fp16, GQA 4 over two KV heads, head_dim 64, blocks of 16, for `tokens` in all.
+CacheGeometry gqa4_geometry(int32_t tokens) {
+  CacheGeometry g;
+  g.num_layers = 1;
+  g.num_kv_heads = 2;
+  g.num_q_heads = 8;
+  g.head_dim = 64;
+  g.block_size = 16;
+  g.dtype = DType::kFloat16;
+  g.num_blocks = 2 * (tokens / 16 + 3);
+  return g;
 }
 
 TEST_F(SequenceTasks, GiveTheBitsOfATaskPerChunk) {
@@ -147,31 +171,12 @@ TEST_F(SequenceTasks, GiveTheBitsOfATaskPerChunk) {
 // four query rows) fold their sequences; 4 rows (one query row) keep a task
 // per chunk; a split of two sub-blocks a chunk never folds.
 TEST_F(SequenceTasks, LaunchTakesThemForWideTasksOfOneSubBlockChunks) {
-  CacheGeometry g;
-  g.num_layers = 1;
-  g.num_kv_heads = 2;
-  g.num_q_heads = 8;
-  g.head_dim = 64;
-  g.block_size = 16;
-  g.dtype = DType::kFloat16;
-  g.num_blocks = 2 * (2048 / 16 + 1);
-  CacheFixture f(FixtureOptions{g, 1, 5});
+  CacheFixture f(FixtureOptions{gqa4_geometry(4096), 1, 5});
   const std::vector<SequenceId> ids = f.add_sequences(0, {2048, 2000});
-  const float scale = 0.125f;
-  const auto tasks_of = [&](int32_t q_len, int32_t split) {
-    DecodeVariant variant;
-    variant.q_lengths.assign(ids.size(), q_len);
-    const auto q = f.random_queries(static_cast<int32_t>(ids.size()) * q_len, DType::kFloat32);
-    cpu::time_kernel_phases(true);
-    f.decode(0, ids, q, scale, SplitMode::kDeterministic, split, variant);
-    const int64_t tasks = cpu::kernel_phase_times().tasks;
-    cpu::time_kernel_phases(false);
-    return tasks;
-  };
   // Two sequences of four chunks, two KV heads.
-  EXPECT_EQ(tasks_of(4, kSplit), 2 * 2);
-  EXPECT_EQ(tasks_of(1, kSplit), 2 * 4 * 2);
-  EXPECT_EQ(tasks_of(4, 2 * kSplit), 2 * 2 * 2);
+  EXPECT_EQ(tasks_of(f, ids, 4), 2 * 2);
+  EXPECT_EQ(tasks_of(f, ids, 1), 2 * 4 * 2);
+  EXPECT_EQ(tasks_of(f, ids, 4, 2 * kSplit), 2 * 2 * 2);
 }
 
 // On two threads a sequence folds only where its reads are at most a balanced
@@ -180,23 +185,9 @@ TEST_F(SequenceTasks, LaunchTakesThemForWideTasksOfOneSubBlockChunks) {
 // so the long sequence keeps its 8 chunks' tasks per KV head and the short
 // ones fold into one each.
 TEST_F(SequenceTasks, OnSeveralThreadsALongSequenceKeepsATaskPerChunk) {
-  CacheGeometry g;
-  g.num_layers = 1;
-  g.num_kv_heads = 2;
-  g.num_q_heads = 8;
-  g.head_dim = 64;
-  g.block_size = 16;
-  g.dtype = DType::kFloat16;
-  g.num_blocks = 2 * (6144 / 16 + 3);
-  CacheFixture f(FixtureOptions{g, 2, 9});
+  CacheFixture f(FixtureOptions{gqa4_geometry(6144), 2, 9});
   const std::vector<SequenceId> ids = f.add_sequences(0, {4096, 1024, 1024});
-  DecodeVariant variant;
-  variant.q_lengths.assign(ids.size(), 4);
-  const auto q = f.random_queries(static_cast<int32_t>(ids.size()) * 4, DType::kFloat32);
-  cpu::time_kernel_phases(true);
-  f.decode(0, ids, q, 0.125f, SplitMode::kDeterministic, kSplit, variant);
-  EXPECT_EQ(cpu::kernel_phase_times().tasks, 8 * 2 + 2 + 2);
-  cpu::time_kernel_phases(false);
+  EXPECT_EQ(tasks_of(f, ids, 4), 8 * 2 + 2 + 2);
 }
 
 }  // namespace

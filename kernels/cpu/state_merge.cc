@@ -1,9 +1,57 @@
+// merge_state: merge_into's weighted sum over the accumulator in SIMD vectors,
+// one Highway target per CPU, dispatched at run time. The sum stays two
+// products and an add, each rounded (this file is built without FMA
+// contraction), so every target gives each element the bits the scalar
+// merge_into gives it and a merge's result does not depend on where it runs.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/state_merge.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/highway.h>
+
 #include "cpu/state_merge.h"
 
+HWY_BEFORE_NAMESPACE();
+namespace pagoda::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// a[i] = a[i] * wa + b[i] * wb for i < n.
+void WeightedSum(float* HWY_RESTRICT a, const float* HWY_RESTRICT b, float wa, float wb, int n) {
+  const hn::ScalableTag<float> d;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const auto va = hn::Set(d, wa);
+  const auto vb = hn::Set(d, wb);
+  int i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::Add(hn::Mul(hn::LoadU(d, a + i), va), hn::Mul(hn::LoadU(d, b + i), vb)), d, a + i);
+  }
+  for (; i < n; ++i) a[i] = a[i] * wa + b[i] * wb;
+}
+
+}  // namespace pagoda::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace pagoda::cpu {
 
+HWY_EXPORT(WeightedSum);
+
 void merge_state(SoftmaxStats<float>& a, float* acc_a, const SoftmaxStats<float>& b, const float* acc_b, int n) {
-  merge_into(a, acc_a, b, acc_b, n);
+  // merge_into's branches and statistics, its loop vectorised.
+  if (b.m == neg_inf<float>()) return;
+  if (a.m == neg_inf<float>()) {
+    a = b;
+    for (int i = 0; i < n; ++i) acc_a[i] = acc_b[i];
+    return;
+  }
+  const MergeWeights<float> w = merge_weights(a.m, b.m);
+  a.m = w.m;
+  a.l = a.l * w.a + b.l * w.b;
+  HWY_DYNAMIC_DISPATCH(WeightedSum)(acc_a, acc_b, w.a, w.b, n);
 }
 
 }  // namespace pagoda::cpu
+#endif  // HWY_ONCE

@@ -4,9 +4,11 @@
 // chunks, cpu_launch.cc) alike. merge_into is a template compiled into each
 // caller: in the kernel's source, built once per SIMD target, the compiler
 // may fuse its a * x + b * y into a multiply-add that the baseline build of
-// the launch cannot, and the two would round differently. Compiled here
-// once, a merge has the same bits wherever it runs, so a sequence task
-// (pagoda/cpu_sequence_tasks.h) folds its chunks as the launch would.
+// the launch cannot, and the two would round differently. Built here with
+// no contraction (each product and the sum rounded, as the scalar template
+// rounds them), in SIMD vectors of the CPU's best target, a merge has the
+// same bits wherever it runs, so a sequence task (pagoda/cpu_sequence_tasks.h)
+// folds its chunks as the launch would.
 
 #include "pagoda/softmax_state.h"
 

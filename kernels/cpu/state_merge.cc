@@ -40,17 +40,11 @@ namespace pagoda::cpu {
 HWY_EXPORT(WeightedSum);
 
 void merge_state(SoftmaxStats<float>& a, float* acc_a, const SoftmaxStats<float>& b, const float* acc_b, int n) {
-  // merge_into's branches and statistics, its loop vectorised.
-  if (b.m == neg_inf<float>()) return;
-  if (a.m == neg_inf<float>()) {
-    a = b;
-    for (int i = 0; i < n; ++i) acc_a[i] = acc_b[i];
-    return;
-  }
-  const MergeWeights<float> w = merge_weights(a.m, b.m);
-  a.m = w.m;
-  a.l = a.l * w.a + b.l * w.b;
-  HWY_DYNAMIC_DISPATCH(WeightedSum)(acc_a, acc_b, w.a, w.b, n);
+  // merge_into with its accumulator sum in vectors of the dispatched target.
+  const auto vectors = [](float* x, const float* y, float wx, float wy, int count) {
+    HWY_DYNAMIC_DISPATCH(WeightedSum)(x, y, wx, wy, count);
+  };
+  merge_into(a, acc_a, b, acc_b, n, vectors);
 }
 
 }  // namespace pagoda::cpu

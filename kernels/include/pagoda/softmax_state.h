@@ -78,13 +78,23 @@ struct SoftmaxStats {
   T l = T(0);
 };
 
+// acc_a[i] = acc_a[i] * wa + acc_b[i] * wb for i < n, an element at a time:
+// merge_into's accumulator sum unless its caller brings its own (the CPU
+// backend's, in SIMD vectors: cpu/state_merge.h).
+struct ScalarWeightedSum {
+  template <typename T>
+  HD void operator()(T* acc_a, const T* acc_b, T wa, T wb, int n) const {
+    for (int i = 0; i < n; ++i) acc_a[i] = acc_a[i] * wa + acc_b[i] * wb;
+  }
+};
+
 // Merges (b, acc_b) into (a, acc_a), acc of length n. Merging an empty state on
 // either side leaves the other side's bits exactly (by branch: a weighted sum
 // would turn an accumulator of -0 into +0), so states that hold no key can join
 // a merge anywhere without changing its result.
-template <typename T>
+template <typename T, class WeightedSum = ScalarWeightedSum>
 HD void merge_into(SoftmaxStats<T>& a, T* acc_a, const SoftmaxStats<T>& b, const T* acc_b,
-                   int n) {
+                   int n, WeightedSum weighted_sum = {}) {
   if (b.m == neg_inf<T>()) return;
   if (a.m == neg_inf<T>()) {
     a = b;
@@ -94,7 +104,7 @@ HD void merge_into(SoftmaxStats<T>& a, T* acc_a, const SoftmaxStats<T>& b, const
   const MergeWeights<T> w = merge_weights(a.m, b.m);
   a.m = w.m;
   a.l = a.l * w.a + b.l * w.b;
-  for (int i = 0; i < n; ++i) acc_a[i] = acc_a[i] * w.a + acc_b[i] * w.b;
+  weighted_sum(acc_a, acc_b, w.a, w.b, n);
 }
 
 // A state with its accumulator held by value: the form the device code keeps in

@@ -1446,7 +1446,7 @@ void partial_bf16_unit(const PartialTask& t) {
   const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(T));
   const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T));
   constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
-  LinePrefetch prefetch(plan, k_src, v_src, t.prefetch_ahead.rows(rows) * kLinesPerRow,
+  LinePrefetch prefetch(plan, k_src, v_src, t.prefetch_ahead.unit_rows(rows) * kLinesPerRow,
                         Unit::prefetch_level(t.prefetch));
   for (int32_t b = 0; b < blocks; ++b) {
     const float* q[kTileRows];

@@ -3,6 +3,7 @@
 #include "cpu/prefetch_levels.h"
 
 #include <atomic>
+#include <iterator>
 #include <utility>
 
 #include "pagoda/cpu_targets.h"
@@ -39,12 +40,18 @@ PrefetchLevels auto_prefetch_levels(CpuFamily cpu) {
 // Zen 5, lines to L1, medians of paired alternating runs against 32 rows (8 x
 // 4096 tokens, head_dim 128, 2 threads): the FMAs' fp16 GQA 4 with one query
 // row 0.93x the time at 48 rows (0.93x at 64), GQA 8 0.955x, e5m2 0.96x,
-// head_dim 64 and GQA 1 level (0.98-1.0x), 16-row tasks level; the dot
-// products' bf16 GQA 4 with one row 0.89x, GQA 8 0.94x, 16 rows 1.03x (kept at
-// 32). Zen 4 and Intel, lines to L2 for these tasks, keep 32 rows (measured
-// best between 24 and 48 there).
+// head_dim 64 and GQA 1 level (0.98-1.0x); their 16-row tasks measured level
+// once, then in two later sets of 6 and 8 runs fp16 GQA 4 with four query rows
+// 0.975-0.977x in deterministic mode and 0.954-0.956x in fast mode, GQA 8 with
+// four 0.971-0.986x, AVX2 GQA 4 with four 0.973x, latent attention (32 heads)
+// 0.979x (5 runs; at 64 rows 0.98x, 1.02x, 1.02x); one pinned thread from
+// memory, GQA 4 with four, 0.965x at 64 rows. The dot products' bf16 GQA 4
+// with one row 0.89x, GQA 8 0.94x; their 16-row tasks stay at 32: bf16 GQA 4
+// with four 1.03x and 1.05x at 48, e4m3 1.01x, latent attention 1.016x. Zen 4
+// and Intel, lines to L2 for the few-row tasks, keep 32 rows (measured best
+// between 24 and 48 there).
 PrefetchDistance auto_prefetch_distance(CpuFamily cpu) {
-  if (zen5_or_later(cpu)) return {48, 32};
+  if (zen5_or_later(cpu)) return {48, 48, 32};
   return {};
 }
 
@@ -98,9 +105,26 @@ Status select_prefetch_level(const std::string& level) {
 std::string prefetch_level_name() { return describe(prefetch_levels()); }
 
 std::string describe(const PrefetchDistance& d) {
-  if (d.few_rows == d.many_rows) return std::to_string(d.few_rows) + " rows ahead";
-  return std::to_string(d.few_rows) + " rows ahead for tasks of up to " + std::to_string(kFewPrefetchRows) +
-         " rows, " + std::to_string(d.many_rows) + " for wider ones";
+  const std::string few = "tasks of up to " + std::to_string(kFewPrefetchRows) + " rows";
+  const std::pair<int32_t, const char*> paths[] = {
+      {d.few_rows, few.c_str()}, {d.many_rows, "wider FMA tasks"}, {d.many_rows_on_units, "wider matrix-unit tasks"}};
+  if (d.few_rows == d.many_rows && d.many_rows == d.many_rows_on_units) {
+    return std::to_string(d.few_rows) + " rows ahead";
+  }
+  // Each distance once, in the order the paths first take it, with its paths.
+  std::string out;
+  for (size_t i = 0; i < std::size(paths); ++i) {
+    bool seen = false;
+    for (size_t j = 0; j < i; ++j) seen = seen || paths[j].first == paths[i].first;
+    if (seen) continue;
+    std::string which;
+    for (size_t j = i; j < std::size(paths); ++j) {
+      if (paths[j].first == paths[i].first) which += (which.empty() ? "" : ", ") + std::string(paths[j].second);
+    }
+    out += out.empty() ? std::to_string(paths[i].first) + " rows ahead" : ", " + std::to_string(paths[i].first);
+    out += " (" + which + ")";
+  }
+  return out;
 }
 
 std::string prefetch_distance_name() { return describe(prefetch_distance()); }

@@ -44,13 +44,20 @@ inline constexpr PrefetchLevels kAllL2{PrefetchLevel::kL2, PrefetchLevel::kL2, P
 PrefetchLevels auto_prefetch_levels(CpuFamily cpu);
 
 // How far ahead of its reads a task requests lines, in rows: tasks of up to
-// kFewPrefetchRows rows (memory-bound on any unit) and wider ones. Like the
-// level, it changes no bits.
+// kFewPrefetchRows rows (memory-bound on any unit), wider tasks on the FMAs,
+// and wider tasks on a matrix unit (AVX512-BF16 dot products, AMX tiles),
+// whose multiplies take far less time per row. Like the level, it changes no
+// bits.
 struct PrefetchDistance {
   int32_t few_rows = 32;   // 8 KiB of fp16 rows at head_dim 128
-  int32_t many_rows = 32;
+  int32_t many_rows = 32;  // wider FMA tasks
+  int32_t many_rows_on_units = 32;
 
+  // An FMA task's distance, and a matrix-unit task's.
   int64_t rows(int32_t task_rows) const { return task_rows <= kFewPrefetchRows ? few_rows : many_rows; }
+  int64_t unit_rows(int32_t task_rows) const {
+    return task_rows <= kFewPrefetchRows ? few_rows : many_rows_on_units;
+  }
   bool operator==(const PrefetchDistance&) const = default;
 };
 
@@ -58,7 +65,8 @@ struct PrefetchDistance {
 PrefetchDistance auto_prefetch_distance(CpuFamily cpu);
 PrefetchDistance prefetch_distance();
 
-// "32 rows ahead", or "48 rows ahead for tasks of up to 8 rows, 32 for wider ones".
+// "32 rows ahead", or per path where they differ, e.g. "48 rows ahead (tasks
+// of up to 8 rows, wider FMA tasks), 32 (wider matrix-unit tasks)".
 std::string describe(const PrefetchDistance& d);
 
 // The levels in force (select_prefetch_level in pagoda/cpu_targets.h).

@@ -32,18 +32,29 @@ TEST_F(PrefetchLevelsTest, AutoIsL1OnZen5AndMemoryBoundTasksToL2Elsewhere) {
   EXPECT_EQ(describe(split), "L2 (FMA to 8 rows, dot products), L1 (wider FMA, tiles)");
 }
 
-TEST_F(PrefetchLevelsTest, DistanceIs48RowsForFewRowsOnZen5And32Elsewhere) {
+TEST_F(PrefetchLevelsTest, DistanceOnZen5Is48RowsButForWideMatrixUnitTasksAnd32Elsewhere) {
   const PrefetchDistance zen5 = auto_prefetch_distance({true, 0x1A});
   EXPECT_EQ(zen5.rows(1), 48);
   EXPECT_EQ(zen5.rows(kFewPrefetchRows), 48);
-  EXPECT_EQ(zen5.rows(kFewPrefetchRows + 1), 32);
+  EXPECT_EQ(zen5.rows(kFewPrefetchRows + 1), 48) << "wider FMA tasks";
+  EXPECT_EQ(zen5.unit_rows(1), 48);
+  EXPECT_EQ(zen5.unit_rows(kFewPrefetchRows), 48);
+  EXPECT_EQ(zen5.unit_rows(kFewPrefetchRows + 1), 32) << "wider matrix-unit tasks";
   EXPECT_EQ(auto_prefetch_distance({true, 0x1B}), zen5) << "families after Zen 5 keep its distance";
   for (const CpuFamily other : {CpuFamily{true, 0x19}, CpuFamily{false, 6}, CpuFamily{}}) {
-    EXPECT_EQ(auto_prefetch_distance(other).rows(1), 32);
-    EXPECT_EQ(auto_prefetch_distance(other).rows(16), 32);
+    const PrefetchDistance d = auto_prefetch_distance(other);
+    EXPECT_EQ(d, PrefetchDistance{});
+    for (const int32_t rows : {1, kFewPrefetchRows, kFewPrefetchRows + 1, 128}) {
+      EXPECT_EQ(d.rows(rows), 32);
+      EXPECT_EQ(d.unit_rows(rows), 32);
+    }
   }
-  EXPECT_EQ(describe(zen5), "48 rows ahead for tasks of up to 8 rows, 32 for wider ones");
+  EXPECT_EQ(describe(zen5), "48 rows ahead (tasks of up to 8 rows, wider FMA tasks), 32 (wider matrix-unit tasks)");
   EXPECT_EQ(describe(PrefetchDistance{}), "32 rows ahead");
+  EXPECT_EQ(describe(PrefetchDistance{48, 32, 32}), "48 rows ahead (tasks of up to 8 rows), 32 (wider FMA tasks, "
+                                                    "wider matrix-unit tasks)");
+  EXPECT_EQ(describe(PrefetchDistance{32, 64, 32}), "32 rows ahead (tasks of up to 8 rows, wider matrix-unit "
+                                                    "tasks), 64 (wider FMA tasks)");
   EXPECT_EQ(prefetch_distance(), auto_prefetch_distance(this_cpu_family()));
   EXPECT_EQ(prefetch_distance_name(), describe(prefetch_distance()));
 }

@@ -44,7 +44,8 @@ Status select_prefetch_level(const std::string& level);
 std::string prefetch_level_name();
 
 // How far ahead the tasks request lines on this CPU, e.g. "32 rows ahead", or
-// "48 rows ahead for tasks of up to 8 rows, 32 for wider ones".
+// per path where they differ: "48 rows ahead (tasks of up to 8 rows, wider FMA
+// tasks), 32 (wider matrix-unit tasks)".
 std::string prefetch_distance_name();
 
 // The unit that multiplies a bf16 (or fp8, widened) cache's Q.K^T and P.V in

@@ -40,16 +40,19 @@ PrefetchLevels auto_prefetch_levels(CpuFamily cpu) {
 // Zen 5, lines to L1, medians of paired alternating runs against 32 rows (8 x
 // 4096 tokens, head_dim 128, 2 threads): the FMAs' fp16 GQA 4 with one query
 // row 0.93x the time at 48 rows (0.93x at 64), GQA 8 0.955x, e5m2 0.96x,
-// head_dim 64 and GQA 1 level (0.98-1.0x); their 16-row tasks measured level
-// once, then in two later sets of 6 and 8 runs fp16 GQA 4 with four query rows
-// 0.975-0.977x in deterministic mode and 0.954-0.956x in fast mode, GQA 8 with
-// four 0.971-0.986x, AVX2 GQA 4 with four 0.973x, latent attention (32 heads)
-// 0.979x (5 runs; at 64 rows 0.98x, 1.02x, 1.02x); one pinned thread from
-// memory, GQA 4 with four, 0.965x at 64 rows. The dot products' bf16 GQA 4
-// with one row 0.89x, GQA 8 0.94x; their 16-row tasks stay at 32: bf16 GQA 4
-// with four 1.03x and 1.05x at 48, e4m3 1.01x, latent attention 1.016x. Zen 4
-// and Intel, lines to L2 for the few-row tasks, keep 32 rows (measured best
-// between 24 and 48 there).
+// head_dim 64 and GQA 1 level (0.98-1.0x); 64 rows against 48 later measured
+// level on every unit (one query row: fp16 GQA 4 1.00x, GQA 8 1.00x, AVX2
+// 1.01x, bf16 and e4m3 on the dot products 0.97x and 0.98x, 5 runs each). The
+// FMAs' 16-row tasks measured level once, then in two later sets of 6 and 8
+// runs fp16 GQA 4 with four query rows 0.975-0.977x in deterministic mode and
+// 0.954-0.956x in fast mode, GQA 8 with four 0.971-0.986x, AVX2 GQA 4 with four
+// 0.973x, latent attention (32 heads) 0.979x (5 runs; at 64 rows GQA 8 0.98x,
+// AVX2 1.02x, latent attention 1.02x); one pinned thread from memory, GQA 4
+// with four, 0.965x at 64 rows. The dot products' bf16 GQA 4 with one row
+// 0.89x, GQA 8 0.94x; their 16-row tasks stay at 32: bf16 GQA 4 with four 1.03x
+// and 1.05x at 48, e4m3 1.01x, latent attention 1.016x. Zen 4 and Intel, lines
+// to L2 for the few-row tasks, keep 32 rows (measured best between 24 and 48
+// there).
 PrefetchDistance auto_prefetch_distance(CpuFamily cpu) {
   if (zen5_or_later(cpu)) return {48, 48, 32};
   return {};

@@ -1,11 +1,6 @@
-// Highway's foreach_target compiles this file once per SIMD target; the
-// dispatcher picks the best one the CPU supports at run time. SSSE3 and SSE4
-// are left out: every x86-64 server this runs on has AVX2 (the kernel's tuned
-// floor), a CPU without it falls back to the scalar target, and each target
-// costs a full compile of every kernel instance.
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
-#endif
+// Highway's foreach_target compiles this file once per SIMD target (the
+// targets: kernels/cpu/CMakeLists.txt); the dispatcher picks the best one the
+// CPU supports at run time.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/decode_cpu.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep

@@ -3,9 +3,6 @@
 // products and an add, each rounded (this file is built without FMA
 // contraction), so every target gives each element the bits the scalar
 // merge_into gives it and a merge's result does not depend on where it runs.
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
-#endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/state_merge.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -28,7 +25,7 @@ void WeightedSum(float* HWY_RESTRICT a, const float* HWY_RESTRICT b, float wa, f
   for (; i + lanes <= n; i += lanes) {
     hn::StoreU(hn::Add(hn::Mul(hn::LoadU(d, a + i), va), hn::Mul(hn::LoadU(d, b + i), vb)), d, a + i);
   }
-  for (; i < n; ++i) a[i] = a[i] * wa + b[i] * wb;
+  ScalarWeightedSum{}(a + i, b + i, wa, wb, n - i);  // the tail
 }
 
 }  // namespace pagoda::cpu::HWY_NAMESPACE

@@ -119,7 +119,7 @@ class CpuStream final : public BackendStream {
   std::vector<float> q32_;               // [rows, num_q_heads, head_dim] scaled (unscaled on the AMX path)
   MatrixUnit unit_ = MatrixUnit::kNone;  // this launch's bf16 matrix unit (matrix_unit_for)
   bool fp8_tables_ = false;              // this launch widens fp8 by tables (fp8_tables_serve)
-  bool fp16_quad_tile_ = false;          // and fp16 quads from a tile (fp16_quad_tile_serves)
+  bool fp16_tile_ = false;               // and shared fp16 rows through a tile (fp16_tile_serves)
   bool time_phases_ = false;             // and whether tasks time their phases (kernel_phases_timed)
   PrefetchLevels prefetch_;              // this launch's prefetch levels (prefetch_levels)
   PrefetchDistance prefetch_ahead_;      // and distance (prefetch_distance)

@@ -21,14 +21,16 @@ CpuFamily this_cpu_family();
 // AMD Zen 5 or a later AMD family.
 inline bool zen5_or_later(CpuFamily cpu) { return cpu.amd && cpu.family >= kZen5Family; }
 
-// Whether quad scores (GQA 8 and wider on AVX-512) read an fp16 cache
-// through an fp32 tile widened once, each key's four elements then one
-// 128-bit broadcast load, rather than widening every replicated key where it
-// lies. On Intel's cores 512-bit widenings issue on the two FMA ports and the
-// tile is faster (Ice Lake: 0.90-0.97x the time on one thread, 0.91-1.01x on
-// two); on AMD Zen 5, whose widenings have pipes of their own, it took
-// 1.06-1.07x (docs/design.md §7).
+// Whether an fp16 cache read by many row blocks goes through an fp32 tile
+// widened once rather than widened where it lies by every block: AVX-512's
+// quad scores (GQA 8 and wider; each key's four elements then one 128-bit
+// broadcast load), and AVX2's tasks of 9 to 16 rows, K and V. On Intel's
+// cores 512-bit widenings issue on the two FMA ports and the tile is faster
+// (Ice Lake: 0.90-0.97x the time on one thread, 0.91-1.01x on two); AMD's
+// widenings have pipes of their own: in place, Zen 5's quads took 1.06-1.07x
+// the time through the tile, and Zen 3's AVX2 tasks of 16 rows 1.06x
+// (docs/design.md §7).
 // The same values in the same order: no bit changes either way.
-inline bool quads_read_fp16_tile(CpuFamily cpu) { return !cpu.amd; }
+inline bool fp16_shared_through_tile(CpuFamily cpu) { return !cpu.amd; }
 
 }  // namespace pagoda::cpu

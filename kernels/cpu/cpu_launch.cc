@@ -103,7 +103,7 @@ void CpuStream::load_q(const DecodeLaunch& launch) {
   const float qscale = plan_.constants().q_scale * fp8_read_factor(g.dtype);
   unit_ = matrix_unit_for(g);
   fp8_tables_ = fp8_tables_serve(g);
-  fp16_quad_tile_ = fp16_quad_tile_serves();
+  fp16_tile_ = fp16_tile_serves();
   time_phases_ = kernel_phases_timed();
   prefetch_ = prefetch_levels();
   prefetch_ahead_ = prefetch_distance();
@@ -236,7 +236,7 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   t.soft_cap = plan_.constants().soft_cap;
   t.unit = unit_;
   t.fp8_tables = fp8_tables_;
-  t.fp16_quad_tile = fp16_quad_tile_;
+  t.fp16_tile = fp16_tile_;
   t.time_phases = time_phases_;
   t.prefetch = prefetch_;
   t.prefetch_ahead = prefetch_ahead_;

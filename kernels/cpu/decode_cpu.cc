@@ -56,6 +56,9 @@ constexpr int kRowBlock = 4;
 // values (kHalfTile).
 template <typename T>
 constexpr int kDirectRows = sizeof(T) == 2 ? (kWideTarget ? 4 : 2) * kRowBlock : kRowBlock;
+// AVX2's rows for an fp16 cache where the CPU widens fp16 beside its FMAs
+// (fp16_shared_through_tile false): four blocks, as on AVX-512 (partial_impl).
+constexpr int kAvx2Fp16DirectRows = 4 * kRowBlock;
 // AVX2 scores 4 rows x 3 tokens: 12 accumulators (many FMAs take q straight
 // from memory), where 4 x 2 kept only the 8 chains that two FMA ports of
 // latency 4 need, with no slack (AMD Zen 5, 2 threads, fp16 GQA 4, 8 x 4096
@@ -1039,9 +1042,19 @@ void partial_impl(const PartialTask& t) {
   // Quad scores read a 16- or 32-bit cache in place whatever the rows (each
   // key once for four row blocks), an fp8 cache from the tile, and an fp16
   // one from the tile too where this CPU's family widens faster once
-  // (quads_read_fp16_tile).
-  const bool fp16_tile = std::is_same_v<T, hwy::float16_t> && t.fp16_quad_tile;
-  const bool direct_k = quads ? !kIsFp8<T> && !fp16_tile : rows <= kDirectRows<T>;
+  // (fp16_shared_through_tile).
+  const bool fp16_tile = std::is_same_v<T, hwy::float16_t> && t.fp16_tile;
+  // On AVX2, where this family widens fp16 beside the FMAs (!t.fp16_tile), up
+  // to four row blocks read an fp16 cache in place, K and V alike, whatever
+  // the positions (AMD Zen 3, 8 x 4096 tokens, 2 threads, medians of 6 to 8
+  // alternating runs against the tile: GQA 4 with two, three and four query
+  // rows 0.93x, 0.91x and 0.94x the time, fast mode 0.95x; GQA 16 with one
+  // 0.95x; head_dim 64 and 256 with four 0.96x and 0.91x; latent attention's
+  // 16 heads 0.88x). bf16, widened in two instructions there, keeps the tile
+  // (1.01-1.03x in place).
+  const int direct_rows =
+      HWY_TARGET == HWY_AVX2 && std::is_same_v<T, hwy::float16_t> && !fp16_tile ? kAvx2Fp16DirectRows : kDirectRows<T>;
+  const bool direct_k = quads ? !kIsFp8<T> && !fp16_tile : rows <= direct_rows;
   // V of a 16- or 32-bit cache is read in place on AVX-512 whatever the rows:
   // each block widens the rows it reads, where a tile widened them once and
   // was stored and reloaded. By position (one thread, K/V in L3, four query
@@ -1052,9 +1065,11 @@ void partial_impl(const PartialTask& t) {
   // attention's 32 bf16 heads on the FMAs, 8 x 4096 tokens on 2 threads, P.V
   // from 0.59-0.61 of the FMA peak to 0.85-0.87, 0.83x the time; GQA 32 on one
   // thread, K/V in L3, fp16 0.96x, bf16 0.95x). fp8, widened in several
-  // instructions, keeps the tile (1.14x in place), and AVX2, whose calls go
-  // run by run, too (latent attention 1.8-2.0x in place).
-  const bool direct_v = (kRowPointers && sizeof(T) >= 2) || (t.heads <= kDirectRows<T> && t.positions == 1);
+  // instructions, keeps the tile (1.14x in place), and so does AVX2 past
+  // direct_rows, whose calls go run by run (latent attention's 32 bf16 heads
+  // 1.8-2.0x in place on Zen 5).
+  const bool direct_v = (kRowPointers && sizeof(T) >= 2) || (t.heads <= kDirectRows<T> && t.positions == 1) ||
+                        (direct_rows > kDirectRows<T> && rows <= direct_rows);
   const bool tables = kIsFp8<T> && kWideTarget && t.fp8_tables;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (quads) pack_q_quads<kD>(t, rows, q_packed);

@@ -89,9 +89,10 @@ struct PartialTask {
   // An fp8 cache widened through byte tables (fp8_tables_serve in
   // pagoda/cpu_targets.h): the same values as load_f32's, in fewer instructions.
   bool fp8_tables = false;
-  // Quad scores read an fp16 cache through a tile widened once
-  // (quads_read_fp16_tile of this CPU's family).
-  bool fp16_quad_tile = false;
+  // An fp16 cache shared by many row blocks (AVX-512's quad scores, AVX2's
+  // tasks of 9 to 16 rows) is read through a tile widened once
+  // (fp16_shared_through_tile of this CPU's family), not in place.
+  bool fp16_tile = false;
   // Where each path requests its lines ahead of the reads (prefetch_levels()),
   // and how far ahead (prefetch_distance()).
   PrefetchLevels prefetch;

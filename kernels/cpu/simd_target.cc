@@ -26,8 +26,8 @@ namespace {
 enum class UnitUse { kWhereFaster, kEveryAmx, kEveryDot, kNone };
 std::atomic<UnitUse> g_unit_use{UnitUse::kWhereFaster};
 std::atomic<bool> g_fp8_tables{true};
-// force_fp16_quad_tile: -1 this family's choice, 0 off, 1 on.
-std::atomic<int> g_fp16_quad_tile{-1};
+// force_fp16_tile: -1 this family's choice, 0 off, 1 on.
+std::atomic<int> g_fp16_tile{-1};
 
 // From 8 query heads per KV head, where a 16-row tile holds 8 or more rows
 // per position. Measured on a 2-vCPU Sapphire Rapids guest (bf16, head_dim
@@ -144,12 +144,12 @@ bool fp8_tables_serve(const CacheGeometry& g) {
 
 void use_fp8_tables(bool on) { g_fp8_tables = on; }
 
-bool fp16_quad_tile_serves() {
-  const int forced = g_fp16_quad_tile.load(std::memory_order_relaxed);
-  return forced < 0 ? quads_read_fp16_tile(this_cpu_family()) : forced == 1;
+bool fp16_tile_serves() {
+  const int forced = g_fp16_tile.load(std::memory_order_relaxed);
+  return forced < 0 ? fp16_shared_through_tile(this_cpu_family()) : forced == 1;
 }
 
-void force_fp16_quad_tile(std::optional<bool> on) { g_fp16_quad_tile = on ? static_cast<int>(*on) : -1; }
+void force_fp16_tile(std::optional<bool> on) { g_fp16_tile = on ? static_cast<int>(*on) : -1; }
 
 std::string kernel_target_name(const CacheGeometry& g) {
   std::string name = simd_target_name();

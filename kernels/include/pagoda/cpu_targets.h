@@ -83,16 +83,17 @@ bool fp8_tables_serve(const CacheGeometry& g);
 // before any decode runs.
 void use_fp8_tables(bool on);
 
-// Whether quad scores of an fp16 cache read it through an fp32 tile widened
-// once (quads_read_fp16_tile of this CPU's family in kernels/cpu/cpu_family.h)
-// rather than in place, unless force_fp16_quad_tile said otherwise. The same
+// Whether an fp16 cache shared by many row blocks (AVX-512's quad scores,
+// AVX2's tasks of 9 to 16 rows) is read through an fp32 tile widened once
+// (fp16_shared_through_tile of this CPU's family in kernels/cpu/cpu_family.h)
+// rather than in place, unless force_fp16_tile said otherwise. The same
 // values in the same order either way: a speed choice, never a bit change.
-bool fp16_quad_tile_serves();
+bool fp16_tile_serves();
 
-// Forces the fp16 quad tile on or off for the whole process, or (nullopt)
+// Forces the fp16 tile on or off for the whole process, or (nullopt)
 // back to this CPU family's choice: for the tests and benches that compare
 // both reads. Call before any decode runs.
-void force_fp16_quad_tile(std::optional<bool> on);
+void force_fp16_tile(std::optional<bool> on);
 
 // What decodes of geometry g run on: the SIMD target, "+AMX-BF16" or
 // "+AVX512-BF16" added where a matrix unit serves it, "+VBMI" where fp8 byte

@@ -1,14 +1,15 @@
-// Quad scores of an fp16 cache read through an fp32 tile widened once, or in
-// place (force_fp16_quad_tile; each CPU family has its default): the same
-// values in the same order, so the same bits, in the deterministic mode's
-// groups of 8 and more (one and four query rows, whole and padded row blocks,
-// short and long runs) and in the fast mode's GQA 4 with four query rows.
-// Both reads are also held to the reference. Quad scores are AVX-512 code:
-// on a CPU without it every case skips and says so.
+// An fp16 cache shared by many row blocks, read through an fp32 tile widened
+// once or in place (force_fp16_tile; each CPU family has its default): AVX-512's
+// quad scores and AVX2's tasks of 9 to 16 rows. Either way the same values in
+// the same order, so the same bits: the deterministic mode's groups of 4 to 16
+// with one to four query rows (whole and padded row blocks, short and long
+// runs) and the fast mode's GQA 4 with four query rows. Both reads are also
+// held to the reference. A target the CPU lacks skips and says so.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "pagoda/cpu_targets.h"
@@ -26,24 +27,30 @@ struct TileCase {
   SplitMode mode;
 };
 
-class Fp16QuadTile : public ::testing::Test {
+class Fp16Tile : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    const Status s = cpu::select_simd_target("avx3");
+    const Status s = cpu::select_simd_target(GetParam());
     if (s.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << s.message();
     ASSERT_TRUE(s.ok()) << s.message();
   }
   void TearDown() override {
-    cpu::force_fp16_quad_tile(std::nullopt);
+    cpu::force_fp16_tile(std::nullopt);
     EXPECT_TRUE(cpu::select_simd_target("best").ok());
   }
 };
 
-TEST_F(Fp16QuadTile, TileAndInPlaceGiveTheSameBits) {
+TEST_P(Fp16Tile, TileAndInPlaceGiveTheSameBits) {
+  // AVX-512 reads quads from GQA 8 up (and in fast mode past two row blocks);
+  // AVX2 reads in place up to 16 rows: GQA 4 with three and four query rows,
+  // GQA 8 with two, GQA 5 with three (15 rows, a padded block), GQA 16 with one.
   const TileCase cases[] = {
       {128, 8, 16, 1, SplitMode::kDeterministic}, {128, 8, 16, 4, SplitMode::kDeterministic},
       {64, 10, 3, 1, SplitMode::kDeterministic},  {128, 12, 7, 4, SplitMode::kDeterministic},
       {256, 16, 16, 1, SplitMode::kDeterministic}, {128, 4, 16, 4, SplitMode::kFast},
+      {128, 4, 16, 4, SplitMode::kDeterministic}, {256, 4, 7, 3, SplitMode::kDeterministic},
+      {128, 8, 16, 2, SplitMode::kDeterministic}, {128, 5, 16, 3, SplitMode::kDeterministic},
+      {64, 16, 3, 1, SplitMode::kDeterministic},
   };
   for (const TileCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "d" << c.head_dim << " gqa" << c.gqa << " bs" << c.block_size << " q_len "
@@ -67,11 +74,11 @@ TEST_F(Fp16QuadTile, TileAndInPlaceGiveTheSameBits) {
     const auto q = f.random_queries(static_cast<int32_t>(ids.size()) * c.q_len, DType::kFloat32);
     const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
 
-    cpu::force_fp16_quad_tile(true);
-    ASSERT_TRUE(cpu::fp16_quad_tile_serves());
+    cpu::force_fp16_tile(true);
+    ASSERT_TRUE(cpu::fp16_tile_serves());
     const auto tile = f.decode(0, ids, q, scale, c.mode, 128, rows);
-    cpu::force_fp16_quad_tile(false);
-    ASSERT_FALSE(cpu::fp16_quad_tile_serves());
+    cpu::force_fp16_tile(false);
+    ASSERT_FALSE(cpu::fp16_tile_serves());
     const auto in_place = f.decode(0, ids, q, scale, c.mode, 128, rows);
 
     ASSERT_EQ(tile.out.size(), in_place.out.size());
@@ -85,6 +92,9 @@ TEST_F(Fp16QuadTile, TileAndInPlaceGiveTheSameBits) {
     EXPECT_LE(e.max_abs, 2e-5) << "an fp16 cache read exactly, accumulated in fp32";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Targets, Fp16Tile, ::testing::Values("avx3", "avx2"),
+                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace pagoda::testing

@@ -16,7 +16,9 @@ namespace {
 //   products at every width) faster into L2: fp16 GQA 4 with one query row
 //   8.9-9.7 ms against 9.3-12.6 with L1; bf16 dot products GQA 4 with four
 //   rows 9.0-9.9 against 11.5-12.2, GQA 8 7.6-7.8 against 8.8-8.9. Wider FMA
-//   tasks into L1 (16 rows: 18-21 ms against 27). Intel (Sapphire and
+//   tasks into L1 (16 rows: 18-21 ms against 27). Zen 3, the same family,
+//   measured level with L1 everywhere (fp16 and e4m3 GQA 4 with one and four
+//   query rows: 0.94-0.99x the time by median of 5 alternating runs). Intel (Sapphire and
 //   Emerald Rapids) was measured at 16 rows only, within 3% either way, and
 //   the tiles with L1: it keeps these levels.
 // - Zen 5 (family 0x1A): L1 everywhere, medians of three alternating runs:

@@ -938,7 +938,8 @@ HWY_NOINLINE void load_tile(const PoolRows& src, int64_t pos, int64_t n, float* 
 // (e4m3) instructions. The same values, so the same bits. AMD Zen 5, GQA 4, one
 // query row: e4m3 0.85-0.88x the time at 8 x 4096 tokens on 2 threads (head_dim
 // 64 0.89-0.91x) and 0.81x on one thread with the K/V in L3; e5m2 0.91x on one
-// thread, 0.98-1.0x on two.
+// thread, 0.98-1.0x on two. Where the CPU widens fp16 beside its FMAs it serves
+// every width of task, each row block widening the fp16 (partial_impl).
 template <typename T>
 constexpr bool kHalfTile = !kWideTarget && kIsFp8<T> && HWY_TARGET != HWY_SCALAR;
 
@@ -1055,9 +1056,17 @@ void partial_impl(const PartialTask& t) {
   // rows 0.93x, 0.91x and 0.94x the time, fast mode 0.95x; GQA 16 with one
   // 0.95x; head_dim 64 and 256 with four 0.96x and 0.91x; latent attention's
   // 16 heads 0.88x). bf16, widened in two instructions there, keeps the tile
-  // (1.01-1.03x in place).
-  const int direct_rows =
-      HWY_TARGET == HWY_AVX2 && std::is_same_v<T, hwy::float16_t> && !fp16_tile ? kAvx2Fp16DirectRows : kDirectRows<T>;
+  // (1.01-1.03x in place). An fp8 cache's rows go through its fp16 tile
+  // (kHalfTile) at every width there, each block widening the fp16 where an
+  // fp32 tile was widened once (Zen 3, medians of 5 or 6 alternating runs:
+  // e4m3 GQA 8 with one query row 0.76x the time, e5m2 0.84x; 16 rows, e4m3
+  // GQA 4 with four 0.89x, e5m2 0.87x, GQA 8 with two and GQA 16 with one
+  // 0.84x; 32 rows 0.93x, 64 0.95x).
+  const bool widen_shared_fp16 = HWY_TARGET == HWY_AVX2 && !t.fp16_tile;
+  const int direct_rows = !widen_shared_fp16                  ? kDirectRows<T>
+                          : std::is_same_v<T, hwy::float16_t> ? kAvx2Fp16DirectRows
+                          : kHalfTile<T>                      ? kMaxTaskRows
+                                                              : kDirectRows<T>;
   const bool direct_k = quads ? !kIsFp8<T> && !fp16_tile : rows <= direct_rows;
   // V of a 16- or 32-bit cache is read in place on AVX-512 whatever the rows:
   // each block widens the rows it reads, where a tile widened them once and

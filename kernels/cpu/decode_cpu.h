@@ -90,8 +90,9 @@ struct PartialTask {
   // pagoda/cpu_targets.h): the same values as load_f32's, in fewer instructions.
   bool fp8_tables = false;
   // An fp16 cache shared by many row blocks (AVX-512's quad scores, AVX2's
-  // tasks of 9 to 16 rows) is read through a tile widened once
-  // (fp16_shared_through_tile of this CPU's family), not in place.
+  // tasks of 9 to 16 rows), and on AVX2 an fp8 cache past 4 rows, is read
+  // through an fp32 tile widened once (fp16_shared_through_tile of this CPU's
+  // family), not in place or from its fp16 tile.
   bool fp16_tile = false;
   // Where each path requests its lines ahead of the reads (prefetch_levels()),
   // and how far ahead (prefetch_distance()).

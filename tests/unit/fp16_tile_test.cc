@@ -1,10 +1,12 @@
-// An fp16 cache shared by many row blocks, read through an fp32 tile widened
-// once or in place (force_fp16_tile; each CPU family has its default): AVX-512's
-// quad scores and AVX2's tasks of 9 to 16 rows. Either way the same values in
-// the same order, so the same bits: the deterministic mode's groups of 4 to 16
-// with one to four query rows (whole and padded row blocks, short and long
-// runs) and the fast mode's GQA 4 with four query rows. Both reads are also
-// held to the reference. A target the CPU lacks skips and says so.
+// A 16-bit-float view of the cache shared by many row blocks, read through an
+// fp32 tile widened once or by each block where it lies (force_fp16_tile; each
+// CPU family has its default): AVX-512's quad scores of an fp16 cache, and on
+// AVX2 an fp16 cache's tasks of 9 to 16 rows and an fp8 cache's fp16 tile past
+// four rows. Either way the same values in the same order, so the same bits:
+// the deterministic mode's groups of 4 to 16 with one to four query rows (whole
+// and padded row blocks, short and long runs) and the fast mode's GQA 4 with
+// four query rows. Both reads are also held to the reference. A target the CPU
+// lacks skips and says so.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "pagoda/cpu_targets.h"
+#include "pagoda/dtype.h"
 #include "reference/decode_table.h"
 #include "unit/cache_fixture.h"
 
@@ -25,6 +28,7 @@ struct TileCase {
   int32_t block_size;
   int32_t q_len;
   SplitMode mode;
+  DType dtype = DType::kFloat16;
 };
 
 class Fp16Tile : public ::testing::TestWithParam<const char*> {
@@ -42,26 +46,38 @@ class Fp16Tile : public ::testing::TestWithParam<const char*> {
 
 TEST_P(Fp16Tile, TileAndInPlaceGiveTheSameBits) {
   // AVX-512 reads quads from GQA 8 up (and in fast mode past two row blocks);
-  // AVX2 reads in place up to 16 rows: GQA 4 with three and four query rows,
-  // GQA 8 with two, GQA 5 with three (15 rows, a padded block), GQA 16 with one.
+  // AVX2 reads fp16 in place up to 16 rows: GQA 4 with three and four query
+  // rows, GQA 8 with two, GQA 5 with three (15 rows, a padded block), GQA 16
+  // with one; and fp8 through its fp16 tile from 8 to 64 rows.
   const TileCase cases[] = {
-      {128, 8, 16, 1, SplitMode::kDeterministic}, {128, 8, 16, 4, SplitMode::kDeterministic},
-      {64, 10, 3, 1, SplitMode::kDeterministic},  {128, 12, 7, 4, SplitMode::kDeterministic},
-      {256, 16, 16, 1, SplitMode::kDeterministic}, {128, 4, 16, 4, SplitMode::kFast},
-      {128, 4, 16, 4, SplitMode::kDeterministic}, {256, 4, 7, 3, SplitMode::kDeterministic},
-      {128, 8, 16, 2, SplitMode::kDeterministic}, {128, 5, 16, 3, SplitMode::kDeterministic},
+      {128, 8, 16, 1, SplitMode::kDeterministic},
+      {128, 8, 16, 4, SplitMode::kDeterministic},
+      {64, 10, 3, 1, SplitMode::kDeterministic},
+      {128, 12, 7, 4, SplitMode::kDeterministic},
+      {256, 16, 16, 1, SplitMode::kDeterministic},
+      {128, 4, 16, 4, SplitMode::kFast},
+      {128, 4, 16, 4, SplitMode::kDeterministic},
+      {256, 4, 7, 3, SplitMode::kDeterministic},
+      {128, 8, 16, 2, SplitMode::kDeterministic},
+      {128, 5, 16, 3, SplitMode::kDeterministic},
       {64, 16, 3, 1, SplitMode::kDeterministic},
+      {128, 8, 16, 1, SplitMode::kDeterministic, DType::kFloat8E4M3},
+      {128, 4, 16, 4, SplitMode::kDeterministic, DType::kFloat8E4M3},
+      {64, 12, 7, 3, SplitMode::kDeterministic, DType::kFloat8E4M3},
+      {128, 8, 16, 2, SplitMode::kFast, DType::kFloat8E5M2},
+      {128, 16, 3, 4, SplitMode::kDeterministic, DType::kFloat8E5M2},
   };
   for (const TileCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "d" << c.head_dim << " gqa" << c.gqa << " bs" << c.block_size << " q_len "
-                                      << c.q_len << (c.mode == SplitMode::kFast ? " fast" : " deterministic"));
+                                      << c.q_len << (c.mode == SplitMode::kFast ? " fast " : " deterministic ")
+                                      << dtype_name(c.dtype));
     CacheGeometry g;
     g.num_layers = 1;
     g.num_kv_heads = 2;
     g.num_q_heads = 2 * c.gqa;
     g.head_dim = c.head_dim;
     g.block_size = c.block_size;
-    g.dtype = DType::kFloat16;
+    g.dtype = c.dtype;
     g.num_blocks = 2 * (700 / c.block_size + 4);
     FixtureOptions o;
     o.geometry = g;
@@ -89,7 +105,7 @@ TEST_P(Fp16Tile, TileAndInPlaceGiveTheSameBits) {
     const auto want = f.reference(0, ids, q, scale, rows);
     const ErrorStats e = compare(want.out, tile.out);
     EXPECT_FALSE(e.has_nan);
-    EXPECT_LE(e.max_abs, 2e-5) << "an fp16 cache read exactly, accumulated in fp32";
+    EXPECT_LE(e.max_abs, 2e-5) << "a cache read exactly (the reference holds its stored values), accumulated in fp32";
   }
 }
 

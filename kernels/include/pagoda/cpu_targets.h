@@ -84,7 +84,8 @@ bool fp8_tables_serve(const CacheGeometry& g);
 void use_fp8_tables(bool on);
 
 // Whether an fp16 cache shared by many row blocks (AVX-512's quad scores,
-// AVX2's tasks of 9 to 16 rows) is read through an fp32 tile widened once
+// AVX2's tasks of 9 to 16 rows), and on AVX2 an fp8 cache's fp16 tile past 4
+// rows, is read through an fp32 tile widened once
 // (fp16_shared_through_tile of this CPU's family in kernels/cpu/cpu_family.h)
 // rather than in place, unless force_fp16_tile said otherwise. The same
 // values in the same order either way: a speed choice, never a bit change.

@@ -3,7 +3,8 @@
 #include "cpu/prefetch_levels.h"
 
 #include <atomic>
-#include <iterator>
+#include <cstddef>
+#include <string>
 #include <utility>
 
 #include "pagoda/cpu_targets.h"
@@ -32,6 +33,25 @@ enum class Choice : uint8_t { kAuto, kL1, kL2 };
 std::atomic<Choice> g_choice{Choice::kAuto};
 
 const char* name(PrefetchLevel l) { return l == PrefetchLevel::kL1 ? "L1" : "L2"; }
+
+// "<value> (<path>, <path>), <value> (<path>)": each value once, in the order
+// the paths first take it, followed by the paths that take it. value_name(v,
+// first) spells a value (first: the list's first).
+template <typename V, size_t N, typename ValueName>
+std::string group_by_value(const std::pair<V, const char*> (&paths)[N], ValueName value_name) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i) {
+    bool seen = false;
+    for (size_t j = 0; j < i; ++j) seen = seen || paths[j].first == paths[i].first;
+    if (seen) continue;
+    std::string which;
+    for (size_t j = i; j < N; ++j) {
+      if (paths[j].first == paths[i].first) which += (which.empty() ? "" : ", ") + std::string(paths[j].second);
+    }
+    out += (out.empty() ? "" : ", ") + value_name(paths[i].first, out.empty()) + " (" + which + ")";
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -83,15 +103,7 @@ std::string describe(const PrefetchLevels& levels) {
                                                          {levels.fma_many_rows, "wider FMA"},
                                                          {levels.bf16_dot, "dot products"},
                                                          {levels.amx, "tiles"}};
-  std::string out;
-  for (const PrefetchLevel level : {PrefetchLevel::kL2, PrefetchLevel::kL1}) {
-    std::string which;
-    for (const auto& [l, path] : paths) {
-      if (l == level) which += (which.empty() ? "" : ", ") + std::string(path);
-    }
-    if (!which.empty()) out += (out.empty() ? "" : ", ") + std::string(name(level)) + " (" + which + ")";
-  }
-  return out;
+  return group_by_value(paths, [](PrefetchLevel l, bool) { return std::string(name(l)); });
 }
 
 Status select_prefetch_level(const std::string& level) {
@@ -116,20 +128,9 @@ std::string describe(const PrefetchDistance& d) {
   if (d.few_rows == d.many_rows && d.many_rows == d.many_rows_on_units) {
     return std::to_string(d.few_rows) + " rows ahead";
   }
-  // Each distance once, in the order the paths first take it, with its paths.
-  std::string out;
-  for (size_t i = 0; i < std::size(paths); ++i) {
-    bool seen = false;
-    for (size_t j = 0; j < i; ++j) seen = seen || paths[j].first == paths[i].first;
-    if (seen) continue;
-    std::string which;
-    for (size_t j = i; j < std::size(paths); ++j) {
-      if (paths[j].first == paths[i].first) which += (which.empty() ? "" : ", ") + std::string(paths[j].second);
-    }
-    out += out.empty() ? std::to_string(paths[i].first) + " rows ahead" : ", " + std::to_string(paths[i].first);
-    out += " (" + which + ")";
-  }
-  return out;
+  return group_by_value(paths, [](int32_t rows, bool first) {
+    return std::to_string(rows) + (first ? " rows ahead" : "");
+  });
 }
 
 std::string prefetch_distance_name() { return describe(prefetch_distance()); }

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # pagoda's CPU decode against ggml's flash_attn_ext on the same shapes, the
-# same threads and fp16 K/V (a report, not a test). The two take turns for
+# same threads and fp16 K/V (a report, not a test): one query row at GQA 1, 4
+# and 8 and head_dim 64, and four draft rows a sequence (each seeing the keys
+# up to its own token, through ggml's mask) at GQA 4. The two take turns for
 # ROUNDS rounds and each round gives ggml's median time over pagoda's, so a busy
 # neighbour slows both sides of a ratio alike; the median of the rounds is
-# reported, with each side's fraction of the read bandwidth pagoda's run
-# measured: where both read near it, the ratio can be no larger than one over
-# ggml's fraction. ggml is not part of pagoda: give a checkout of
+# reported, with each side's fraction of the shape's roof as pagoda's run
+# measured it (the read bandwidth, or the FMA peak where the shape computes more
+# than it reads, "bound"): where both run near it, the ratio can be no larger
+# than one over ggml's fraction. ggml is not part of pagoda: give a checkout of
 # github.com/ggml-org/ggml and its CPU backend is built under build/ggml from it.
 #
 # Usage: scripts/bench-vs-ggml.sh GGML_SOURCE_DIR [THREADS] [ROUNDS]
@@ -31,33 +34,36 @@ gcc -O2 -march=native "$root/bench/ggml/flash_attn_bench.c" -I"$src/include" -o 
 # The median of its arguments.
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
-echo "pagoda against ggml flash_attn_ext: fp16 K/V, one query row, $threads threads, $rounds rounds"
-printf '%-42s %10s %10s %12s %14s %12s\n' shape "ggml us" "pagoda us" "ggml/pagoda" "pagoda of read" "ggml of read"
-# batch context q_heads kv_heads head_dim
-for shape in "8 4096 32 32 128" "8 4096 32 8 128" "8 4096 32 32 64"; do
-  read -r batch context heads kv d <<<"$shape"
-  name="batch $batch, $context tokens, $heads/$kv heads, d $d"
+echo "pagoda against ggml flash_attn_ext: fp16 K/V, $threads threads, $rounds rounds"
+printf '%-52s %10s %10s %12s %6s %14s %12s\n' shape "ggml us" "pagoda us" "ggml/pagoda" bound "pagoda of roof" "ggml of roof"
+# batch context q_heads kv_heads head_dim q_len
+for shape in "8 4096 32 32 128 1" "8 4096 32 8 128 1" "8 4096 32 32 64 1" "8 4096 32 4 128 1" "8 4096 32 8 128 4"; do
+  read -r batch context heads kv d q_len <<<"$shape"
+  name="batch $batch, $context tokens, $heads/$kv heads, d $d, q_len $q_len"
   ratios=()
-  reads=()
-  ggml_reads=()
+  roofs=()
+  ggml_roofs=()
   for ((round = 1; round <= rounds; ++round)); do
-    ggml_us=$("$out/flash_attn_bench" "$batch" "$context" "$heads" "$kv" "$d" "$threads" 30 |
+    ggml_us=$("$out/flash_attn_bench" "$batch" "$context" "$heads" "$kv" "$d" "$threads" 30 "$q_len" |
       sed -n 's/.*median \([0-9.]*\) us.*/\1/p')
     json=$("$root/build/client/pagoda-bench" kernel --batch "$batch" --context "$context" --q-heads "$heads" \
-      --kv-heads "$kv" --head-dim "$d" --dtype fp16 --threads "$threads" --block-size 16 --no-naive \
+      --kv-heads "$kv" --head-dim "$d" --q-len "$q_len" --dtype fp16 --threads "$threads" --block-size 16 --no-naive \
       --mode deterministic --rounds 4 --iters 40 --json)
     pagoda_us=$(grep -o '"kernel_us": [0-9.]*' <<<"$json" | head -1 | awk '{print $2}')
-    of_read=$(grep -o '"fraction_of_baseline": [0-9.]*' <<<"$json" | head -1 | awk '{print $2}')
-    [[ -n $ggml_us && -n $pagoda_us && -n $of_read ]] ||
-      { echo "bench-vs-ggml: $name: a bench printed no figure (ggml '$ggml_us', pagoda '$pagoda_us', of read '$of_read')" >&2; exit 1; }
+    of_roof=$(grep -o '"fraction_of_roofline": [0-9.]*' <<<"$json" | head -1 | awk '{print $2}')
+    bound=$(grep -o '"bound": "[a-z0-9]*"' <<<"$json" | head -1 | awk -F'"' '{print $4}')
+    [[ -n $ggml_us && -n $pagoda_us && -n $of_roof && -n $bound ]] ||
+      { echo "bench-vs-ggml: $name: a bench printed no figure (ggml '$ggml_us', pagoda '$pagoda_us'," \
+          "of roof '$of_roof', bound '$bound')" >&2; exit 1; }
     ratio=$(awk -v g="$ggml_us" -v p="$pagoda_us" 'BEGIN {printf "%.3f", g / p}')
-    # ggml's fraction of the same read: pagoda's, scaled by the two times.
-    ggml_of_read=$(awk -v r="$of_read" -v g="$ggml_us" -v p="$pagoda_us" 'BEGIN {printf "%.3f", r * p / g}')
+    # ggml's fraction of the same roof: pagoda's, scaled by the two times.
+    ggml_of_roof=$(awk -v r="$of_roof" -v g="$ggml_us" -v p="$pagoda_us" 'BEGIN {printf "%.3f", r * p / g}')
     ratios+=("$ratio")
-    reads+=("$of_read")
-    ggml_reads+=("$ggml_of_read")
-    printf '%-42s %10s %10s %12s %14.3f %12s\n' "$name" "$ggml_us" "$pagoda_us" "$ratio" "$of_read" "$ggml_of_read"
+    roofs+=("$of_roof")
+    ggml_roofs+=("$ggml_of_roof")
+    printf '%-52s %10s %10s %12s %6s %14.3f %12s\n' "$name" "$ggml_us" "$pagoda_us" "$ratio" "$bound" "$of_roof" \
+      "$ggml_of_roof"
   done
-  printf '%-42s %10s %10s %12.3f %14.3f %12.3f\n' "  median of $rounds rounds" "" "" "$(median "${ratios[@]}")" \
-    "$(median "${reads[@]}")" "$(median "${ggml_reads[@]}")"
+  printf '%-52s %10s %10s %12.3f %6s %14.3f %12.3f\n' "  median of $rounds rounds" "" "" "$(median "${ratios[@]}")" \
+    "$bound" "$(median "${roofs[@]}")" "$(median "${ggml_roofs[@]}")"
 done

@@ -19,7 +19,9 @@ namespace {
 //   rows 9.0-9.9 against 11.5-12.2, GQA 8 7.6-7.8 against 8.8-8.9. Wider FMA
 //   tasks into L1 (16 rows: 18-21 ms against 27). Zen 3, the same family,
 //   measured level with L1 everywhere (fp16 and e4m3 GQA 4 with one and four
-//   query rows: 0.94-0.99x the time by median of 5 alternating runs). Intel (Sapphire and
+//   query rows: 0.94-0.99x the time by median of 5 alternating runs; later
+//   fp16 GQA 8 with one 0.93-1.02x by median of 8 and 10, and 0.99-1.01x on
+//   one pinned thread, GQA 4 0.97-0.98x). Intel (Sapphire and
 //   Emerald Rapids) was measured at 16 rows only, within 3% either way, and
 //   the tiles with L1: it keeps these levels.
 // - Zen 5 (family 0x1A): L1 everywhere, medians of three alternating runs:

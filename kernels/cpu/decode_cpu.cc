@@ -1286,8 +1286,12 @@ void partial_impl(const PartialTask& t) {
             score_rows<Element, kD, kRows, 0>(q_rows, keys, n, outs, prefetch);
           }
         };
-        if (kRunLists && k_listed) {
-          score(PointerRows<InPlace<T>>{k_row});
+        if constexpr (kRunLists) {
+          if (k_listed) {
+            score(PointerRows<InPlace<T>>{k_row});
+          } else {
+            with_rows(from, std::integral_constant<int, kD>(), score);
+          }
         } else {
           with_rows(from, std::integral_constant<int, kD>(), score);
         }
@@ -1307,8 +1311,9 @@ void partial_impl(const PartialTask& t) {
       // V's rows hold head_dim elements, of which the first kDv are read.
       From from;
       int64_t n = load_stretch(v_src, pos, span.end, direct_v, std::integral_constant<int, kDv>(), &from);
+      const bool v_listed = list_runs_here && from == From::kInPlace;
       if constexpr (kRunLists) {
-        if (list_runs_here && from == From::kInPlace) n = list_runs<T, kD>(v_src, pos, span.end, first_row, n, &v_runs);
+        if (v_listed) n = list_runs<T, kD>(v_src, pos, span.end, first_row, n, &v_runs);
       }
       prefetch.consumed(n * lines_per_row);
       int64_t step_lines = lines_per_row;  // per token, in the first P.V call of the stretch
@@ -1328,8 +1333,12 @@ void partial_impl(const PartialTask& t) {
             using Element = typename decltype(values)::Element;
             accumulate_rows<Element, kDv, kRows>(p_rows, values, a, b, acc_rows, prefetch, step_lines, !started[p]);
           };
-          if (kRunLists && list_runs_here && from == From::kInPlace) {
-            accumulate(v_runs);
+          if constexpr (kRunLists) {
+            if (v_listed) {
+              accumulate(v_runs);
+            } else {
+              with_rows(from, std::integral_constant<int, kDv>(), accumulate);
+            }
           } else {
             with_rows(from, std::integral_constant<int, kDv>(), accumulate);
           }

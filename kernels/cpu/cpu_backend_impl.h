@@ -103,7 +103,7 @@ class CpuStream final : public BackendStream {
   // (on the pool) every task's partial states and every row's merge.
   void load_q(const DecodeLaunch& launch);
   void plan_sequence_tasks(bool parallel);
-  void make_tasks();
+  void make_tasks(int32_t head_splits);
   void run_task(const CpuTask& task, const DecodeLaunch& launch, float* scratch);
   void merge_row(int64_t out_row, const DecodeLaunch& launch, DecodeOutputs& out) const;
 

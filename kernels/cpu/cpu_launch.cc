@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <utility>
 
 #include "pagoda/host_convert.h"
 #include "cpu/cpu_backend_impl.h"
@@ -38,6 +39,42 @@ constexpr int32_t kMinSharedMembers = 3;
 // Launches with fewer (key, KV head) pairs than this run on the calling thread
 // (about 50 microseconds of work): waking the pool costs more.
 constexpr int64_t kParallelMinTokenHeads = 4096;
+// ... unless their multiply-adds (rows x keys x q heads x (head_dim +
+// v_head_dim)) reach twice those of GQA 4 at head_dim 128 with one query row
+// at that bound: wide groups and draft rows put far more work on each key.
+// Latent attention's 32 heads reach it at 241 keys. On AMD Zen 3 (AVX2, 2
+// threads, bf16, medians of 6 alternating runs) two sequences of 1024 keys
+// ran on the calling thread in 2.08 ms; on the pool, 1.40 ms.
+constexpr int64_t kParallelMinMultiplyAdds = 2 * kParallelMinTokenHeads * 4 * (128 + 128);
+
+// Whether a launch runs on the pool, by its (key, KV head) pairs and
+// multiply-adds.
+bool worth_the_pool(const DecodeLaunch& launch, const CacheGeometry& g) {
+  int64_t keys = 0;
+  int64_t row_keys = 0;
+  for (int32_t b = 0; b < launch.tables.batch; ++b) {
+    const int64_t length = launch.tables.lengths[b];
+    keys += length;
+    const int64_t seen = launch.sliding_window > 0 ? std::min<int64_t>(length, launch.sliding_window) : length;
+    row_keys += seen * launch.rows_of(b);
+  }
+  return keys * g.num_kv_heads >= kParallelMinTokenHeads ||
+         row_keys * g.num_q_heads * (g.head_dim + g.v_dim()) >= kParallelMinMultiplyAdds;
+}
+
+// A launch on the pool with fewer than kSplitTasksPerThread tasks a thread
+// splits its groups' heads into halves (each half reading the keys again)
+// while the halves keep at least kMinSplitHeads heads: latent attention's one KV head
+// at one sequence of one chunk is otherwise one task, on one thread. A row's
+// bits do not depend on the rows beside it in a task. Two tasks a thread, not
+// one: a worker that wakes late still finds one to take. AMD Zen 3, AVX2, 2
+// threads, bf16, one sequence of 256 keys, medians of 8 alternating runs
+// against one task: 32 heads 0.76x the time in two tasks and 0.71x in four,
+// 128 heads 0.84x and 0.64x.
+constexpr int32_t kSplitTasksPerThread = 2;
+constexpr int32_t kMinSplitHeads = 8;
+// Split heads go in multiples of the kernels' row blocks of four.
+constexpr int32_t kSplitHeadsMultiple = 4;
 
 // force_sequence_tasks: -1 the launch's choice, 0 never, 1 wherever eligible.
 std::atomic<int> g_sequence_tasks{-1};
@@ -49,8 +86,10 @@ struct TaskShape {
   int32_t heads;
   int32_t positions;
 };
-TaskShape task_shape(const CacheGeometry& g) {
-  const int32_t heads = std::min(g.group_size(), kMaxTaskRows);
+// With `splits`, the group's heads go to that many tasks, whole row blocks each.
+TaskShape task_shape(const CacheGeometry& g, int32_t splits = 1) {
+  int32_t heads = std::min(g.group_size(), kMaxTaskRows);
+  if (splits > 1) heads = ((heads + splits - 1) / splits + kSplitHeadsMultiple - 1) / kSplitHeadsMultiple * kSplitHeadsMultiple;
   return {heads, std::max(1, kTaskRowsTarget / heads)};
 }
 
@@ -165,10 +204,10 @@ void CpuStream::plan_sequence_tasks(bool parallel) {
 // positions as fit in kTaskRowsTarget rows, positions taken member by member.
 // A sequence task's items are its sequence's, in order from its first chunk:
 // the plan lists an unshared sequence's items one after another.
-void CpuStream::make_tasks() {
+void CpuStream::make_tasks(int32_t head_splits) {
   const CacheGeometry& g = backend_.geometry();
   const int32_t group = g.group_size();
-  const TaskShape shape = task_shape(g);
+  const TaskShape shape = task_shape(g, head_splits);
   const int32_t heads_per_task = shape.heads;
   const int32_t positions_per_task = shape.positions;
   const std::span<const PlanItem> items = plan_.items();
@@ -321,12 +360,16 @@ Status CpuStream::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
   out.kv_bytes_read = plan_.read_tokens() * g.token_kv_bytes();
   out.kv_bytes_shared = plan_.shared_tokens() * g.token_kv_bytes();
 
-  int64_t attended = 0;
-  for (int32_t b = 0; b < launch.tables.batch; ++b) attended += launch.tables.lengths[b];
-  const bool parallel = threads > 1 && attended * g.num_kv_heads >= kParallelMinTokenHeads;
+  const bool parallel = threads > 1 && worth_the_pool(launch, g);
   load_q(launch);
   plan_sequence_tasks(parallel);
-  make_tasks();
+  make_tasks(1);
+  const int32_t task_heads = std::min(g.group_size(), kMaxTaskRows);
+  for (int32_t splits = 2; parallel && std::cmp_less(tasks_.size(), kSplitTasksPerThread * threads) &&
+                           task_heads >= splits * kMinSplitHeads;
+       splits *= 2) {
+    make_tasks(splits);
+  }
   stats_.resize(static_cast<size_t>(plan_.partial_rows()) * 2);
   accs_.resize(static_cast<size_t>(plan_.partial_rows() * g.v_dim()));
   const int64_t scratch_floats =

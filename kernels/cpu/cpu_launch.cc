@@ -64,13 +64,13 @@ bool worth_the_pool(const DecodeLaunch& launch, const CacheGeometry& g) {
 
 // A launch on the pool with fewer than kSplitTasksPerThread tasks a thread
 // splits its groups' heads into halves (each half reading the keys again)
-// while the halves keep at least kMinSplitHeads heads: latent attention's one KV head
-// at one sequence of one chunk is otherwise one task, on one thread. A row's
-// bits do not depend on the rows beside it in a task. Two tasks a thread, not
-// one: a worker that wakes late still finds one to take. AMD Zen 3, AVX2, 2
-// threads, bf16, one sequence of 256 keys, medians of 8 alternating runs
-// against one task: 32 heads 0.76x the time in two tasks and 0.71x in four,
-// 128 heads 0.84x and 0.64x.
+// while the halves keep at least kMinSplitHeads heads: latent attention's one
+// KV head at one sequence of one chunk is otherwise one task, on one thread.
+// A row's bits do not depend on the rows beside it in a task. AMD Zen 3,
+// AVX2, 2 threads, bf16, one sequence of 256 keys (medians of 8-10
+// alternating runs of 400-800 launches): 0.54x the time of one task for 32
+// and for 128 heads; two tasks a thread rather than one, 0.94x the time at 32
+// heads (four tasks of 8 against two of 16) and 1.02x at 128.
 constexpr int32_t kSplitTasksPerThread = 2;
 constexpr int32_t kMinSplitHeads = 8;
 // Split heads go in multiples of the kernels' row blocks of four.

@@ -15,9 +15,12 @@
 #include "pagoda/cpu_targets.h"
 #include "reference/decode_table.h"
 #include "unit/cache_fixture.h"
+#include "unit/counted_decode.h"
 
 namespace pagoda::testing {
 namespace {
+
+constexpr int32_t kSplit = 512;  // the default split: deterministic chunks of 512 keys
 
 class LaunchThreads : public ::testing::Test {
  protected:
@@ -43,27 +46,12 @@ CacheGeometry one_kv_head(int32_t heads, DType dtype, int32_t tokens, int32_t he
   return g;
 }
 
-struct CountedDecode {
-  CacheFixture::Decoded decoded;
-  int64_t tasks = 0;  // tasks the launch ran, by the phase clock
-};
-
-CountedDecode decode_counting(CacheFixture& f, const std::vector<SequenceId>& ids, const CacheFixture::Queries& q,
-                             float scale, const DecodeVariant& variant) {
-  cpu::time_kernel_phases(true);
-  CountedDecode r;
-  r.decoded = f.decode(0, ids, q, scale, SplitMode::kDeterministic, 512, variant);
-  r.tasks = cpu::kernel_phase_times().tasks;
-  cpu::time_kernel_phases(false);
-  return r;
-}
-
 // Tasks of one launch of a sequence of `keys` keys (one query row) on 2 threads.
 int64_t tasks_at(const CacheGeometry& g, int32_t keys) {
   CacheFixture f(FixtureOptions{g, 2, 3});
   const std::vector<SequenceId> ids = {f.add_sequence(0, keys)};
   const auto q = f.random_queries(1, DType::kFloat32);
-  return decode_counting(f, ids, q, 0.125f, {}).tasks;
+  return decode_counting(f, ids, q, 0.125f, {}, kSplit).tasks;
 }
 
 // 16 latent heads: 16 x (576 + 512) multiply-adds a key reach 2 x 4096 x 4 x
@@ -139,7 +127,7 @@ TEST_F(LaunchThreads, FewTasksSplitTheirHeadsWithTheBitsOfOneThread) {
       CacheFixture f(o);
       ids = {f.add_sequence(0, c.keys)};
       q = f.random_queries(c.q_len, DType::kFloat32);
-      runs[i] = decode_counting(f, ids, q, scale, variant);
+      runs[i] = decode_counting(f, ids, q, scale, variant, kSplit);
       if (i == 1) {
         const Arithmetic arithmetic = arithmetic_of("cpu", g);
         const auto want = f.reference(0, ids, as_multiplied(q, arithmetic), scale, variant);

@@ -19,6 +19,7 @@
 #include "pagoda/cpu_targets.h"
 #include "reference/decode_table.h"
 #include "unit/cache_fixture.h"
+#include "unit/counted_decode.h"
 
 namespace pagoda::testing {
 namespace {
@@ -57,21 +58,6 @@ class SequenceTasks : public ::testing::Test {
     EXPECT_TRUE(cpu::select_simd_target("best").ok());
   }
 };
-
-struct CountedDecode {
-  CacheFixture::Decoded decoded;
-  int64_t tasks = 0;  // tasks the launch ran, by the phase clock
-};
-
-CountedDecode decode_counting(CacheFixture& f, const std::vector<SequenceId>& ids, const CacheFixture::Queries& q,
-                             float scale, const DecodeVariant& variant, int32_t split = kSplit) {
-  cpu::time_kernel_phases(true);
-  CountedDecode r;
-  r.decoded = f.decode(0, ids, q, scale, SplitMode::kDeterministic, split, variant);
-  r.tasks = cpu::kernel_phase_times().tasks;
-  cpu::time_kernel_phases(false);
-  return r;
-}
 
 // Tasks one deterministic launch of `ids` runs with q_len query rows each.
 int64_t tasks_of(CacheFixture& f, const std::vector<SequenceId>& ids, int32_t q_len, int32_t split = kSplit) {
@@ -143,9 +129,9 @@ TEST_F(SequenceTasks, GiveTheBitsOfATaskPerChunk) {
     const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
 
     cpu::force_sequence_tasks(false);
-    const CountedDecode per_chunk = decode_counting(f, ids, q, scale, variant);
+    const CountedDecode per_chunk = decode_counting(f, ids, q, scale, variant, kSplit);
     cpu::force_sequence_tasks(true);
-    const CountedDecode sequence = decode_counting(f, ids, q, scale, variant);
+    const CountedDecode sequence = decode_counting(f, ids, q, scale, variant, kSplit);
 
     // The knob changed the tasks: the three sequences of several chunks run as
     // one task per head group instead of one per chunk.

@@ -89,7 +89,7 @@ struct TaskShape {
 // With `splits`, the group's heads go to that many tasks, whole row blocks each.
 TaskShape task_shape(const CacheGeometry& g, int32_t splits = 1) {
   int32_t heads = std::min(g.group_size(), kMaxTaskRows);
-  if (splits > 1) heads = ((heads + splits - 1) / splits + kSplitHeadsMultiple - 1) / kSplitHeadsMultiple * kSplitHeadsMultiple;
+  if (splits > 1) heads = round_up((heads + splits - 1) / splits, kSplitHeadsMultiple);
   return {heads, std::max(1, kTaskRowsTarget / heads)};
 }
 
@@ -364,7 +364,7 @@ Status CpuStream::decode(const DecodeLaunch& launch, DecodeOutputs& out) {
   load_q(launch);
   plan_sequence_tasks(parallel);
   make_tasks(1);
-  const int32_t task_heads = std::min(g.group_size(), kMaxTaskRows);
+  const int32_t task_heads = task_shape(g).heads;
   for (int32_t splits = 2; parallel && std::cmp_less(tasks_.size(), kSplitTasksPerThread * threads) &&
                            task_heads >= splits * kMinSplitHeads;
        splits *= 2) {

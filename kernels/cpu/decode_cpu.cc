@@ -1229,6 +1229,13 @@ void partial_impl(const PartialTask& t) {
     }
     fn(RunRows<float>{tile, kWidth});
   };
+  // with_rows, or (kRunLists) where `listed` the stretch's list of runs.
+  const auto with_listed_rows = [&](bool listed, const auto& list, From from, auto width, const auto& fn) {
+    if constexpr (kRunLists) {
+      if (listed) return fn(list);
+    }
+    with_rows(from, width, fn);
+  };
 
   for (int64_t sb = plan.first_sub_block(); sb < plan.end_sub_block(); ++sb) {
     const int64_t base = t.chunk_begin + sb * kSubBlockTokens;  // scores index = position - base
@@ -1286,15 +1293,7 @@ void partial_impl(const PartialTask& t) {
             score_rows<Element, kD, kRows, 0>(q_rows, keys, n, outs, prefetch);
           }
         };
-        if constexpr (kRunLists) {
-          if (k_listed) {
-            score(PointerRows<InPlace<T>>{k_row});
-          } else {
-            with_rows(from, std::integral_constant<int, kD>(), score);
-          }
-        } else {
-          with_rows(from, std::integral_constant<int, kD>(), score);
-        }
+        with_listed_rows(k_listed, PointerRows<InPlace<T>>{k_row}, from, std::integral_constant<int, kD>(), score);
         first_block = false;
       });
       prefetch.catch_up();
@@ -1333,15 +1332,7 @@ void partial_impl(const PartialTask& t) {
             using Element = typename decltype(values)::Element;
             accumulate_rows<Element, kDv, kRows>(p_rows, values, a, b, acc_rows, prefetch, step_lines, !started[p]);
           };
-          if constexpr (kRunLists) {
-            if (v_listed) {
-              accumulate(v_runs);
-            } else {
-              with_rows(from, std::integral_constant<int, kDv>(), accumulate);
-            }
-          } else {
-            with_rows(from, std::integral_constant<int, kDv>(), accumulate);
-          }
+          with_listed_rows(v_listed, v_runs, from, std::integral_constant<int, kDv>(), accumulate);
           step_lines = 0;
         });
         started[p] = true;

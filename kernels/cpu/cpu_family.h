@@ -24,7 +24,9 @@ inline bool zen5_or_later(CpuFamily cpu) { return cpu.amd && cpu.family >= kZen5
 // Whether an fp16 cache read by many row blocks goes through an fp32 tile
 // widened once rather than widened where it lies by every block: AVX-512's
 // quad scores (GQA 8 and wider; each key's four elements then one 128-bit
-// broadcast load), AVX2's tasks of 9 to 16 rows, K and V, and AVX2's fp8
+// broadcast load), AVX2's tasks of 9 to 16 rows of an fp16 or a bf16 cache
+// (bf16's shift or mask also issues on an FMA port on Intel's cores), K and
+// V, and AVX2's fp8
 // caches past 4 rows (through their fp16 tile, kHalfTile). On Intel's
 // cores 512-bit widenings issue on the two FMA ports and the tile is faster
 // (Ice Lake: 0.90-0.97x the time on one thread, 0.91-1.01x on two); AMD's

@@ -56,9 +56,9 @@ constexpr int kRowBlock = 4;
 // values (kHalfTile).
 template <typename T>
 constexpr int kDirectRows = sizeof(T) == 2 ? (kWideTarget ? 4 : 2) * kRowBlock : kRowBlock;
-// AVX2's rows for an fp16 cache where the CPU widens fp16 beside its FMAs
+// AVX2's rows for a 16-bit cache where the CPU widens beside its FMAs
 // (fp16_shared_through_tile false): four blocks, as on AVX-512 (partial_impl).
-constexpr int kAvx2Fp16DirectRows = 4 * kRowBlock;
+constexpr int kAvx2Direct16BitRows = 4 * kRowBlock;
 // AVX2 scores 4 rows x 3 tokens: 12 accumulators (many FMAs take q straight
 // from memory), where 4 x 2 kept only the 8 chains that two FMA ports of
 // latency 4 need, with no slack (AMD Zen 5, 2 threads, fp16 GQA 4, 8 x 4096
@@ -129,11 +129,11 @@ HWY_INLINE VF load_f32(const T* HWY_RESTRICT p) {
 }
 
 // bf16 on AVX-512 widens two vectors at once: one 64-byte load of 32
-// elements, then the even ones shifted into the top halves of their 32-bit
+// elements (16 on AVX2), then the even ones shifted into the top halves of their 32-bit
 // lanes and the odd ones masked there, one instruction a vector where a
 // vector's zero-extension and shift took two, both on the ports that issue
-// 512-bit FMAs on Intel's cores. Lane j of the pair's vectors holds elements
-// 32u + 2j and 32u + 2j + 1 (the paired order): q, the fp32 tiles and P.V's
+// 512-bit FMAs on Intel's cores. Lane j of pair u's vectors holds elements
+// 2Lu + 2j and 2Lu + 2j + 1, L lanes (the paired order): q, the fp32 tiles and P.V's
 // sums take the same order, and the sums go back to element order before each
 // merge, so every score is still one chain per lane and every output element
 // one chain over the keys, whatever the rows, the tile or the stretch.
@@ -141,12 +141,19 @@ HWY_INLINE VF load_f32(const T* HWY_RESTRICT p) {
 // one thread, K/V in L2: 0.87x the time with one query row, 0.86x with four;
 // 8 x 4096 tokens on 2 threads: four rows 0.92x, GQA 8 0.94-0.96x, one row at
 // GQA 4 0.98x (bound by memory there), latent attention level (its V, read by
-// 32 rows, goes through a tile widened once).
+// 32 rows, goes through a tile widened once). AVX2 takes the same order, a
+// vector at a time where a step holds an odd number (load_vector): one
+// 32-byte load and a shift or a mask against a zero-extending load and a
+// shift (AMD Zen 3, 8 x 4096 tokens on 2 threads, medians of 6 alternating
+// runs: GQA 1 with four query rows 0.89x the time, GQA 4 with two 0.91x,
+// GQA 8 with one 0.99x; one query row at GQA 1 and 4, bound by memory, level,
+// and so are the 32-row tiles of GQA 8
+// with four and latent attention, widened once).
 template <typename T>
-constexpr bool kPairedOrder = kWideTarget && std::is_same_v<T, hwy::bfloat16_t>;
+constexpr bool kPairedOrder = (kWideTarget || HWY_TARGET == HWY_AVX2) && std::is_same_v<T, hwy::bfloat16_t>;
 
 // Two vectors of a row from p: elements [0, 2 * lanes) in the paired order
-// for bf16 on AVX-512, else the two vectors as they lie.
+// for bf16 (kPairedOrder), else the two vectors as they lie.
 template <typename T>
 HWY_INLINE void load_f32_pair(const T* HWY_RESTRICT p, VF& a, VF& b) {
   const DF df;
@@ -161,11 +168,25 @@ HWY_INLINE void load_f32_pair(const T* HWY_RESTRICT p, VF& a, VF& b) {
   }
 }
 
+// Vector c of a row at p: in the paired order (kPairedOrder) the even or the
+// odd elements of pair c / 2, one instruction after the load.
+template <typename T>
+HWY_INLINE VF load_vector(const T* HWY_RESTRICT p, int64_t c) {
+  const DF df;
+  if constexpr (kPairedOrder<T>) {
+    const hn::RebindToUnsigned<DF> du;
+    const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p + c / 2 * 2 * hn::MaxLanes(df)));
+    return hn::BitCast(df, c % 2 == 0 ? hn::ShiftLeft<16>(w) : hn::And(w, hn::Set(du, 0xFFFF0000u)));
+  } else {
+    return load_f32(p + c * hn::MaxLanes(df));
+  }
+}
+
 // n fp32 rows of kD elements (kD a multiple of two vectors) from element order
-// into the paired order (q of a bf16 task on AVX-512).
+// into the paired order (q of a bf16 task, kPairedOrder).
 template <int kD>
 HWY_INLINE void to_paired_order(const float* HWY_RESTRICT in, float* HWY_RESTRICT out) {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
   const DF df;
   constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
   static_assert(kD % (2 * kLanes) == 0, "whole pairs of vectors");
@@ -406,7 +427,7 @@ HWY_INLINE void score_step(const float* HWY_RESTRICT const* qr, const T* HWY_RES
   constexpr int64_t kVecs = kD / kLanes;
   if constexpr (kLinesPerToken > 0) prefetch.step<kTok * kLinesPerToken>();
   VF acc[kRows][kTok];
-  if constexpr (kPairedOrder<T>) {
+  if constexpr (kPairedOrder<T> && kWideTarget) {
     static_assert(kVecs % 2 == 0, "whole pairs of vectors");
     for (int64_t v = 0; v < kVecs; v += 2) {
       VF x0[kTok], x1[kTok];
@@ -425,7 +446,7 @@ HWY_INLINE void score_step(const float* HWY_RESTRICT const* qr, const T* HWY_RES
   }
   {
     VF x[kTok];
-    for (int j = 0; j < kTok; ++j) x[j] = load_f32(kt[j]);
+    for (int j = 0; j < kTok; ++j) x[j] = load_vector(kt[j], 0);
     for (int r = 0; r < kRows; ++r) {
       const VF qv = hn::LoadU(df, qr[r]);
       for (int j = 0; j < kTok; ++j) acc[r][j] = hn::Mul(qv, x[j]);
@@ -433,7 +454,7 @@ HWY_INLINE void score_step(const float* HWY_RESTRICT const* qr, const T* HWY_RES
   }
   for (int64_t v = 1; v < kVecs; ++v) {
     VF x[kTok];
-    for (int j = 0; j < kTok; ++j) x[j] = load_f32(kt[j] + v * kLanes);
+    for (int j = 0; j < kTok; ++j) x[j] = load_vector(kt[j], v);
     for (int r = 0; r < kRows; ++r) {
       const VF qv = hn::LoadU(df, qr[r] + v * kLanes);
       for (int j = 0; j < kTok; ++j) acc[r][j] = hn::MulAdd(qv, x[j], acc[r][j]);
@@ -796,7 +817,7 @@ HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, Rows v, in
   constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(df));
   constexpr int64_t kVecs = kD / kLanes;
   constexpr int64_t kStep = pv_vectors(kRows) < kVecs ? pv_vectors(kRows) : kVecs;
-  static_assert(!kPairedOrder<T> || (kStep % 2 == 0 && kVecs % 2 == 0), "whole pairs of vectors");
+  static_assert(!kPairedOrder<T> || kVecs % 2 == 0, "whole pairs of vectors");
   const float* HWY_RESTRICT pr[kRows];
   float* HWY_RESTRICT ar[kRows];
   for (int r = 0; r < kRows; ++r) {
@@ -825,7 +846,11 @@ HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, Rows v, in
         for (int64_t t = s0; t < s1; ++t) {
           const T* HWY_RESTRICT row = row_of(t) + v0 * kLanes;
           VF x[kWidth];
-          if constexpr (kPairedOrder<T>) {
+          if constexpr (kPairedOrder<T> && (kWidth % 2 != 0 || kStep % 2 != 0)) {
+            // Steps of three vectors (AVX2) start on either half of a pair.
+            const T* HWY_RESTRICT whole = row_of(t);
+            for (int64_t c = 0; c < kWidth; ++c) x[c] = load_vector(whole, v0 + c);
+          } else if constexpr (kPairedOrder<T>) {
             for (int64_t c = 0; c < kWidth; c += 2) load_f32_pair(row + c * kLanes, x[c], x[c + 1]);
           } else {
             for (int64_t c = 0; c < kWidth; ++c) x[c] = load_f32(row + c * kLanes);
@@ -919,6 +944,19 @@ HWY_INLINE void from_paired_order(float* HWY_RESTRICT acc, int32_t rows, int64_t
     _mm512_storeu_ps(acc + i, _mm512_permutex2var_ps(even, first, odd));
     _mm512_storeu_ps(acc + i + 16, _mm512_permutex2var_ps(even, second, odd));
   }
+#elif HWY_TARGET == HWY_AVX2
+  // Per 128-bit half, the interleaves give e0 o0 e1 o1 | e4 o4 e5 o5 and
+  // e2 o2 e3 o3 | e6 o6 e7 o7; their low and high halves joined are the order.
+  const DF df;
+  const int64_t n = rows * dv;
+  for (int64_t i = 0; i < n; i += 16) {
+    const VF even = hn::LoadU(df, acc + i);
+    const VF odd = hn::LoadU(df, acc + i + 8);
+    const VF lo = hn::InterleaveLower(df, even, odd);
+    const VF hi = hn::InterleaveUpper(df, even, odd);
+    hn::StoreU(hn::ConcatLowerLower(df, hi, lo), df, acc + i);
+    hn::StoreU(hn::ConcatUpperUpper(df, hi, lo), df, acc + i + 8);
+  }
 #else
   (void)acc, (void)rows, (void)dv;
 #endif
@@ -943,7 +981,7 @@ constexpr DType kFp8Format = std::is_same_v<T, Fp8E4M3Bits> ? DType::kFloat8E4M3
 
 // The first kD elements of rows [pos, pos + n) (kStride elements apart in the
 // pool: kD, or head_dim for V as K's prefix) into `tile` ([n][kD] fp32; bf16
-// on AVX-512 in the paired order, as the loops read it in place), run by
+// in the paired order, as the loops read it in place), run by
 // run: the rows of one block are contiguous, so each run converts (or, for an
 // fp32 cache, copies) as one stream. Used when several row blocks share the
 // rows, and for runs an e4m3 read cannot take in place; fp8 runs widen through
@@ -1106,7 +1144,7 @@ void partial_impl(const PartialTask& t) {
   float* scores = t.scratch;
   float* sub_acc = scores + rows4 * kSubBlockTokens;
   float* tile = sub_acc + static_cast<int64_t>(rows) * kDv;
-  [[maybe_unused]] float* q_packed = tile + kTile * kD;  // AVX-512 only
+  [[maybe_unused]] float* q_packed = tile + kTile * kD;  // AVX-512's quads, bf16's paired order
   auto* half_tile = reinterpret_cast<hwy::float16_t*>(tile);  // kHalfTile: the tile's first half, as fp16
   const bool quads =
       kQuadScores && (g.group_size() >= kQuadMinGroup || (!t.batch_invariant && rows > 2 * kQuadRows));
@@ -1126,24 +1164,27 @@ void partial_impl(const PartialTask& t) {
   // one from the tile too where this CPU's family widens faster once
   // (fp16_shared_through_tile).
   const bool fp16_tile = std::is_same_v<T, hwy::float16_t> && t.fp16_tile;
-  // On AVX2, where this family widens fp16 beside the FMAs (!t.fp16_tile), up
-  // to four row blocks read an fp16 cache in place, K and V alike, whatever
+  // On AVX2, where this family widens beside the FMAs (!t.fp16_tile), up
+  // to four row blocks read a 16-bit cache in place, K and V alike, whatever
   // the positions (AMD Zen 3, 8 x 4096 tokens, 2 threads, medians of 6 to 8
   // alternating runs against the tile: GQA 4 with two, three and four query
   // rows 0.93x, 0.91x and 0.94x the time, fast mode 0.95x; GQA 16 with one
   // 0.95x; head_dim 64 and 256 with four 0.96x and 0.91x; latent attention's
-  // 16 heads 0.88x). bf16, widened in two instructions there, keeps the tile
-  // (1.01-1.03x in place). An fp8 cache's rows go through its fp16 tile
-  // (kHalfTile) at every width there, each block widening the fp16 where an
-  // fp32 tile was widened once (Zen 3, medians of 5 or 6 alternating runs:
+  // 16 heads 0.88x). bf16 does so in the paired order, one instruction a
+  // vector (kPairedOrder; zero-extended and shifted, two, it had taken
+  // 1.01-1.03x in place and kept the tile): against that tile, medians of 6
+  // alternating runs, GQA 4 with three and four query rows 0.90x and 0.93x the
+  // time, head_dim 256 with four 0.91x, 64 level. An fp8 cache's rows go
+  // through its fp16 tile (kHalfTile) at every width there, each block
+  // widening the fp16 where an fp32 tile was widened once (Zen 3, medians of 5 or 6 alternating runs:
   // e4m3 GQA 8 with one query row 0.76x the time, e5m2 0.84x; 16 rows, e4m3
   // GQA 4 with four 0.89x, e5m2 0.87x, GQA 8 with two and GQA 16 with one
   // 0.84x; 32 rows 0.93x, 64 0.95x).
-  const bool widen_shared_fp16 = HWY_TARGET == HWY_AVX2 && !t.fp16_tile;
-  const int direct_rows = !widen_shared_fp16                  ? kDirectRows<T>
-                          : std::is_same_v<T, hwy::float16_t> ? kAvx2Fp16DirectRows
-                          : kHalfTile<T>                      ? kMaxTaskRows
-                                                              : kDirectRows<T>;
+  const bool widen_shared_16bit = HWY_TARGET == HWY_AVX2 && !t.fp16_tile;
+  const int direct_rows = !widen_shared_16bit ? kDirectRows<T>
+                          : sizeof(T) == 2   ? kAvx2Direct16BitRows
+                          : kHalfTile<T>     ? kMaxTaskRows
+                                             : kDirectRows<T>;
   const bool direct_k = quads ? !kIsFp8<T> && !fp16_tile : rows <= direct_rows;
   // V of a 16- or 32-bit cache is read in place on AVX-512 whatever the rows:
   // each block widens the rows it reads, where a tile widened them once and

@@ -1,8 +1,8 @@
 // A 16-bit-float view of the cache shared by many row blocks, read through an
 // fp32 tile widened once or by each block where it lies (force_fp16_tile; each
 // CPU family has its default): AVX-512's quad scores of an fp16 cache, and on
-// AVX2 an fp16 cache's tasks of 9 to 16 rows and an fp8 cache's fp16 tile past
-// four rows. Either way the same values in the same order, so the same bits:
+// AVX2 an fp16 or bf16 cache's tasks of 9 to 16 rows (bf16 in the paired
+// order either way) and an fp8 cache's fp16 tile past four rows. Either way the same values in the same order, so the same bits:
 // the deterministic mode's groups of 4 to 16 with one to four query rows (whole
 // and padded row blocks, short and long runs) and the fast mode's GQA 4 with
 // four query rows. Both reads are also held to the reference. A target the CPU
@@ -46,9 +46,9 @@ class Fp16Tile : public ::testing::TestWithParam<const char*> {
 
 TEST_P(Fp16Tile, TileAndInPlaceGiveTheSameBits) {
   // AVX-512 reads quads from GQA 8 up (and in fast mode past two row blocks);
-  // AVX2 reads fp16 in place up to 16 rows: GQA 4 with three and four query
-  // rows, GQA 8 with two, GQA 5 with three (15 rows, a padded block), GQA 16
-  // with one; and fp8 through its fp16 tile from 8 to 64 rows.
+  // AVX2 reads fp16 and bf16 in place up to 16 rows: GQA 4 with three and
+  // four query rows, GQA 8 with two, GQA 5 with three (15 rows, a padded
+  // block), GQA 16 with one; and fp8 through its fp16 tile from 8 to 64 rows.
   const TileCase cases[] = {
       {128, 8, 16, 1, SplitMode::kDeterministic},
       {128, 8, 16, 4, SplitMode::kDeterministic},
@@ -66,6 +66,10 @@ TEST_P(Fp16Tile, TileAndInPlaceGiveTheSameBits) {
       {64, 12, 7, 3, SplitMode::kDeterministic, DType::kFloat8E4M3},
       {128, 8, 16, 2, SplitMode::kFast, DType::kFloat8E5M2},
       {128, 16, 3, 4, SplitMode::kDeterministic, DType::kFloat8E5M2},
+      {128, 4, 16, 4, SplitMode::kDeterministic, DType::kBFloat16},
+      {256, 4, 7, 3, SplitMode::kDeterministic, DType::kBFloat16},
+      {64, 5, 3, 3, SplitMode::kDeterministic, DType::kBFloat16},
+      {128, 16, 16, 1, SplitMode::kFast, DType::kBFloat16},
   };
   for (const TileCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "d" << c.head_dim << " gqa" << c.gqa << " bs" << c.block_size << " q_len "

@@ -1176,10 +1176,10 @@ void partial_impl(const PartialTask& t) {
   // alternating runs, GQA 4 with three and four query rows 0.90x and 0.93x the
   // time, head_dim 256 with four 0.91x, 64 level. An fp8 cache's rows go
   // through its fp16 tile (kHalfTile) at every width there, each block
-  // widening the fp16 where an fp32 tile was widened once (Zen 3, medians of 5 or 6 alternating runs:
-  // e4m3 GQA 8 with one query row 0.76x the time, e5m2 0.84x; 16 rows, e4m3
-  // GQA 4 with four 0.89x, e5m2 0.87x, GQA 8 with two and GQA 16 with one
-  // 0.84x; 32 rows 0.93x, 64 0.95x).
+  // widening the fp16 where an fp32 tile was widened once (Zen 3, medians of
+  // 5 or 6 alternating runs: e4m3 GQA 8 with one query row 0.76x the time,
+  // e5m2 0.84x; 16 rows, e4m3 GQA 4 with four 0.89x, e5m2 0.87x, GQA 8 with
+  // two and GQA 16 with one 0.84x; 32 rows 0.93x, 64 0.95x).
   const bool widen_shared_16bit = HWY_TARGET == HWY_AVX2 && !t.fp16_tile;
   const int direct_rows = !widen_shared_16bit ? kDirectRows<T>
                           : sizeof(T) == 2   ? kAvx2Direct16BitRows

@@ -152,17 +152,26 @@ HWY_INLINE VF load_f32(const T* HWY_RESTRICT p) {
 template <typename T>
 constexpr bool kPairedOrder = (kWideTarget || HWY_TARGET == HWY_AVX2) && std::is_same_v<T, hwy::bfloat16_t>;
 
+// One half of a pair of bf16 vectors loaded as 32-bit lanes w, as fp32: the
+// even elements shifted into the top halves of their lanes, or the odd ones
+// masked there.
+HWY_INLINE VF paired_half(hn::Vec<hn::RebindToUnsigned<DF>> w, bool odd) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  return hn::BitCast(df, odd ? hn::And(w, hn::Set(du, 0xFFFF0000u)) : hn::ShiftLeft<16>(w));
+}
+
 // Two vectors of a row from p: elements [0, 2 * lanes) in the paired order
 // for bf16 (kPairedOrder), else the two vectors as they lie.
 template <typename T>
 HWY_INLINE void load_f32_pair(const T* HWY_RESTRICT p, VF& a, VF& b) {
-  const DF df;
   if constexpr (kPairedOrder<T>) {
     const hn::RebindToUnsigned<DF> du;
     const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
-    a = hn::BitCast(df, hn::ShiftLeft<16>(w));
-    b = hn::BitCast(df, hn::And(w, hn::Set(du, 0xFFFF0000u)));
+    a = paired_half(w, false);
+    b = paired_half(w, true);
   } else {
+    const DF df;
     a = load_f32(p);
     b = load_f32(p + hn::MaxLanes(df));
   }
@@ -180,8 +189,7 @@ HWY_INLINE VF load_vector(const T* HWY_RESTRICT p, int64_t c) {
   const DF df;
   if constexpr (kPairedOrder<T>) {
     const hn::RebindToUnsigned<DF> du;
-    const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p + c / 2 * 2 * hn::MaxLanes(df)));
-    return hn::BitCast(df, c % 2 == 0 ? hn::ShiftLeft<16>(w) : hn::And(w, hn::Set(du, 0xFFFF0000u)));
+    return paired_half(hn::LoadU(du, reinterpret_cast<const uint32_t*>(p + c / 2 * 2 * hn::MaxLanes(df))), c % 2 != 0);
   } else {
     return load_f32(p + c * hn::MaxLanes(df));
   }
@@ -849,11 +857,11 @@ HWY_NOINLINE void accumulate_rows(const float* const* HWY_RESTRICT p, Rows v, in
         if (lines > 0) prefetch.step((lines * (s1 - s0) * kWidth + kVecs - 1) / kVecs);
 #pragma GCC unroll 2
         for (int64_t t = s0; t < s1; ++t) {
-          const T* HWY_RESTRICT row = row_of(t) + v0 * kLanes;
+          const T* HWY_RESTRICT whole = row_of(t);
+          const T* HWY_RESTRICT row = whole + v0 * kLanes;
           VF x[kWidth];
-          if constexpr (kPairedOrder<T> && (kWidth % 2 != 0 || kStep % 2 != 0)) {
+          if constexpr (kPairedOrder<T> && kStep % 2 != 0) {
             // Steps of three vectors (AVX2) start on either half of a pair.
-            const T* HWY_RESTRICT whole = row_of(t);
             for (int64_t c = 0; c < kWidth; ++c) x[c] = load_vector(whole, v0 + c);
           } else if constexpr (kPairedOrder<T>) {
             for (int64_t c = 0; c < kWidth; c += 2) load_f32_pair(row + c * kLanes, x[c], x[c + 1]);

@@ -76,7 +76,11 @@ PrefetchLevels auto_prefetch_levels(CpuFamily cpu) {
 // 0.89x, GQA 8 0.94x; their 16-row tasks stay at 32: bf16 GQA 4 with four 1.03x
 // and 1.05x at 48, e4m3 1.01x, latent attention 1.016x. Zen 4 and Intel, lines
 // to L2 for the few-row tasks, keep 32 rows (measured best between 24 and 48
-// there).
+// there), and so does Zen 3 (AVX2, 8 x 4096 tokens, 2 threads, one query row,
+// medians of 8 alternating runs against 32 rows: fp16 GQA 4 1.04x the time at
+// 48 rows and 1.03x at 64, e4m3 1.08x and 1.04x (by minimum 0.88x and 0.85x:
+// the host's memory was that noisy), GQA 1 1.02x at 48, head_dim 64 1.02x at
+// 64 and 1.09x at 96).
 PrefetchDistance auto_prefetch_distance(CpuFamily cpu) {
   if (zen5_or_later(cpu)) return {48, 48, 32};
   return {};

@@ -128,27 +128,26 @@ HWY_INLINE VF load_f32(const T* HWY_RESTRICT p) {
   }
 }
 
-// bf16 on AVX-512 widens two vectors at once: one 64-byte load of 32
-// elements (16 on AVX2), then the even ones shifted into the top halves of their 32-bit
+// bf16 on AVX-512 widens two vectors at once: one 64-byte load of 32 elements
+// (16 on AVX2), then the even ones shifted into the top halves of their 32-bit
 // lanes and the odd ones masked there, one instruction a vector where a
 // vector's zero-extension and shift took two, both on the ports that issue
 // 512-bit FMAs on Intel's cores. Lane j of pair u's vectors holds elements
-// 2Lu + 2j and 2Lu + 2j + 1, L lanes (the paired order): q, the fp32 tiles and P.V's
-// sums take the same order, and the sums go back to element order before each
-// merge, so every score is still one chain per lane and every output element
-// one chain over the keys, whatever the rows, the tile or the stretch.
+// 2Lu + 2j and 2Lu + 2j + 1, L lanes (the paired order): q, the fp32 tiles and
+// P.V's sums take the same order, and the sums go back to element order before
+// each merge, so every score is still one chain per lane and every output
+// element one chain over the keys, whatever the rows, the tile or the stretch.
 // Intel Xeon (Ice Lake, AVX-512 without AVX512-BF16), bf16 GQA 4 on the FMAs,
 // one thread, K/V in L2: 0.87x the time with one query row, 0.86x with four;
 // 8 x 4096 tokens on 2 threads: four rows 0.92x, GQA 8 0.94-0.96x, one row at
 // GQA 4 0.98x (bound by memory there), latent attention level (its V, read by
 // 32 rows, goes through a tile widened once). AVX2 takes the same order, a
-// vector at a time where a step holds an odd number (load_vector): one
-// 32-byte load and a shift or a mask against a zero-extending load and a
-// shift (AMD Zen 3, 8 x 4096 tokens on 2 threads, medians of 6 alternating
-// runs: GQA 1 with four query rows 0.89x the time, GQA 4 with two 0.91x,
-// GQA 8 with one 0.99x; one query row at GQA 1 and 4, bound by memory, level,
-// and so are the 32-row tiles of GQA 8
-// with four and latent attention, widened once).
+// vector at a time where a step holds an odd number (load_vector): one 32-byte
+// load and a shift or a mask against a zero-extending load and a shift
+// (AMD Zen 3, 8 x 4096 tokens on 2 threads, medians of 6 alternating runs:
+// GQA 1 with four query rows 0.89x the time, GQA 4 with two 0.91x, GQA 8 with
+// one 0.99x; one query row at GQA 1 and 4, bound by memory, level, and so are
+// the 32-row tiles of GQA 8 with four and latent attention, widened once).
 template <typename T>
 constexpr bool kPairedOrder = (kWideTarget || HWY_TARGET == HWY_AVX2) && std::is_same_v<T, hwy::bfloat16_t>;
 

@@ -1,12 +1,12 @@
 // A 16-bit-float view of the cache shared by many row blocks, read through an
 // fp32 tile widened once or by each block where it lies (force_fp16_tile; each
 // CPU family has its default): AVX-512's quad scores of an fp16 cache, and on
-// AVX2 an fp16 or bf16 cache's tasks of 9 to 16 rows (bf16 in the paired
-// order either way) and an fp8 cache's fp16 tile past four rows. Either way the same values in the same order, so the same bits:
-// the deterministic mode's groups of 4 to 16 with one to four query rows (whole
-// and padded row blocks, short and long runs) and the fast mode's GQA 4 with
-// four query rows. Both reads are also held to the reference. A target the CPU
-// lacks skips and says so.
+// AVX2 an fp16 or bf16 cache's tasks of 9 to 16 rows (bf16 in the paired order
+// either way) and an fp8 cache's fp16 tile past four rows. Either way the same
+// values in the same order, so the same bits: the deterministic mode's groups
+// of 4 to 16 with one to four query rows (whole and padded row blocks, short
+// and long runs) and the fast mode's GQA 4 with four query rows. Both reads are
+// also held to the reference. A target the CPU lacks skips and says so.
 #include <gtest/gtest.h>
 
 #include <cmath>

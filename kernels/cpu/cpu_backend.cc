@@ -49,6 +49,7 @@ HostBuffer aligned_buffer(size_t bytes) {
 CpuBackend::CpuBackend(const CacheGeometry& g, int32_t threads, std::vector<KvScale> scales, HostBuffer k,
                        HostBuffer v)
     : geometry_(g), threads_(threads), scales_(std::move(scales)), arena_(threads), k_(std::move(k)), v_(std::move(v)),
+      nan_free_(g),
       device_name_(cpu_model_name() + " (" + kernel_target_name(g) + ", " + std::to_string(threads) + " threads)") {}
 
 StatusOr<std::unique_ptr<BackendStream>> CpuBackend::open_stream() {
@@ -59,6 +60,9 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
   const CacheGeometry& g = backend_.geometry();
   const int64_t row = g.head_dim;
   const bool with_v = !g.latent();  // latent attention: V is K's prefix, written with it
+  // An e4m3 cache's marks learn of each slot written (a NaN input's code among them or not).
+  NanFreeSlots& nan_free = backend_.nan_free_slots();
+  const int64_t head_bytes = row * static_cast<int64_t>(dtype_size(g.dtype));
   for (const KvWrite& w : writes) {
     const size_t in_size = dtype_size(w.dtype);
     const KvScale scale = backend_.kv_scale(w.layer);
@@ -68,6 +72,7 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
       assert(w.slots[i] >= 0 && w.slots[i] < static_cast<int64_t>(g.num_blocks) * g.block_size);
       const auto block = static_cast<int32_t>(w.slots[i] / g.block_size);
       const auto slot = static_cast<int32_t>(w.slots[i] % g.block_size);
+      bool nan = false;
       for (int32_t h = 0; h < g.num_kv_heads; ++h) {
         const int64_t src = (static_cast<int64_t>(i) * g.num_kv_heads + h) * row;
         const std::byte* k = static_cast<const std::byte*>(w.k) + src * in_size;
@@ -76,6 +81,7 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
         } else {
           saturated += store_scaled(k, w.dtype, scale.k, backend_.k_at(w.layer, block, h, slot), g.dtype, row);
         }
+        if (nan_free.tracking()) nan = nan || any_e4m3_nan_code(backend_.k_at(w.layer, block, h, slot), head_bytes);
         if (!with_v) continue;
         const std::byte* v = static_cast<const std::byte*>(w.v) + src * in_size;
         if (plain) {
@@ -83,7 +89,9 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
         } else {
           saturated += store_scaled(v, w.dtype, scale.v, backend_.v_at(w.layer, block, h, slot), g.dtype, row);
         }
+        if (nan_free.tracking()) nan = nan || any_e4m3_nan_code(backend_.v_at(w.layer, block, h, slot), head_bytes);
       }
+      nan_free.wrote(w.layer, block, slot, nan);
     }
     if (w.saturated != nullptr) *w.saturated += saturated;
   }
@@ -115,15 +123,22 @@ Status CpuStream::write_kv_raw(int32_t layer, std::span<const int64_t> slots, co
   const bool with_v = !g.latent();
   const auto* k_in = static_cast<const std::byte*>(k);
   const auto* v_in = static_cast<const std::byte*>(v);
+  NanFreeSlots& nan_free = backend_.nan_free_slots();  // raw bytes (an import) may hold NaN codes
   for (size_t i = 0; i < slots.size(); ++i) {
     assert(slots[i] >= 0 && slots[i] < static_cast<int64_t>(g.num_blocks) * g.block_size);
     const auto block = static_cast<int32_t>(slots[i] / g.block_size);
     const auto slot = static_cast<int32_t>(slots[i] % g.block_size);
+    bool nan = false;
     for (int32_t h = 0; h < g.num_kv_heads; ++h) {
       const size_t at = (i * static_cast<size_t>(g.num_kv_heads) + static_cast<size_t>(h)) * row;
       std::memcpy(backend_.k_at(layer, block, h, slot), k_in + at, row);
       if (with_v) std::memcpy(backend_.v_at(layer, block, h, slot), v_in + at, row);
+      if (nan_free.tracking()) {
+        nan = nan || any_e4m3_nan_code(k_in + at, static_cast<int64_t>(row)) ||
+              (with_v && any_e4m3_nan_code(v_in + at, static_cast<int64_t>(row)));
+      }
     }
+    nan_free.wrote(layer, block, slot, nan);
   }
   return Status::Ok();
 }
@@ -136,6 +151,7 @@ Status CpuStream::copy_block(int32_t src, int32_t dst) {
     std::memcpy(backend_.k_at(layer, dst, 0, 0), backend_.k_at(layer, src, 0, 0), bytes);
     if (!g.latent()) std::memcpy(backend_.v_at(layer, dst, 0, 0), backend_.v_at(layer, src, 0, 0), bytes);
   }
+  backend_.nan_free_slots().copied(src, dst);
   return Status::Ok();
 }
 
@@ -149,6 +165,7 @@ Status CpuStream::poison_blocks(std::span<const int32_t> blocks) {
       std::memset(backend_.k_at(layer, block, 0, 0), 0xff, bytes);
       if (!g.latent()) std::memset(backend_.v_at(layer, block, 0, 0), 0xff, bytes);
     }
+    backend_.nan_free_slots().poisoned(block);
   }
   return Status::Ok();
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/decode_cpu.h"
+#include "cpu/nan_free_slots.h"
 #include "pagoda/backend.h"
 #include "pagoda/decode_plan.h"
 
@@ -48,6 +49,9 @@ class CpuBackend final : public Backend {
   std::byte* v_at(int32_t layer, int32_t block, int32_t head, int32_t slot) const {
     return at(v_.get(), layer, block, head, slot);
   }
+  // Which slots of an e4m3 cache hold no NaN code; every write to the pools
+  // reports to it.
+  NanFreeSlots& nan_free_slots() { return nan_free_; }
 
  private:
   std::byte* at(std::byte* pool, int32_t layer, int32_t block, int32_t head, int32_t slot) const {
@@ -60,6 +64,7 @@ class CpuBackend final : public Backend {
   tbb::task_arena arena_;
   HostBuffer k_;
   HostBuffer v_;
+  NanFreeSlots nan_free_;
   std::string device_name_;
 };
 

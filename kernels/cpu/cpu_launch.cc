@@ -265,6 +265,7 @@ void CpuStream::run_task(const CpuTask& task, const DecodeLaunch& launch, float*
   t.k_layer = backend_.k_at(launch.layer, 0, 0, 0);
   t.v_layer = g.latent() ? t.k_layer : backend_.v_at(launch.layer, 0, 0, 0);
   t.blocks = launch.tables.block_ids + launch.tables.block_indptr[leader];
+  t.nan_free = backend_.nan_free_slots().layer(launch.layer);
   t.kv_head = task.kv_head;
   t.chunk_begin = range.begin;
   t.chunk_end = range.end;

@@ -214,8 +214,9 @@ HWY_INLINE void to_paired_order(const float* HWY_RESTRICT in, float* HWY_RESTRIC
 }
 
 // e4m3 rows known to hold no NaN code read without the NaN step: 3 of its 8
-// instructions a vector. Each run read in place is scanned first
-// (readable_in_place); a run with a NaN code goes through a tile instead.
+// instructions a vector. Each run read in place is scanned first, unless the
+// backend knows its slots hold none (readable_in_place); a run with a NaN
+// code goes through a tile instead.
 template <typename T>
 using InPlace = std::conditional_t<std::is_same_v<T, Fp8E4M3Bits>, Fp8E4M3FiniteBits, T>;
 
@@ -231,13 +232,20 @@ HWY_INLINE bool any_e4m3_nan(const uint8_t* HWY_RESTRICT p, int64_t n) {
   return !hn::AllFalse(d8, hn::Eq(top, hn::Set(d8, 0xFF)));
 }
 
-// Whether the n rows of kD elements at `rows` may be read in place as
-// InPlace<T>: always, but for e4m3 rows only without a NaN code.
+// Whether the run of n rows of kD elements at `rows` (from position `pos` of
+// src) may be read in place as InPlace<T>: always, but for e4m3 rows only
+// without a NaN code: known so from the backend's marks (the service's own
+// cache: appends refuse non-finite values), else scanned. Skipping the scan
+// took e4m3 GQA 4 with one query row to 0.89-0.93x the time at 8 x 4096
+// tokens on 2 threads and 0.93-0.95x on one thread with the K/V in L2, four
+// query rows 0.98x to level (AMD Zen 3, AVX2, medians and minimums of 6 to 8
+// alternating runs).
 template <typename T, int kD>
-HWY_INLINE bool readable_in_place(const void* rows, int64_t n) {
+HWY_INLINE bool readable_in_place(const PoolRows& src, int64_t pos, const void* rows, int64_t n) {
   if constexpr (std::is_same_v<T, Fp8E4M3Bits>) {
-    return !any_e4m3_nan(static_cast<const uint8_t*>(rows), n * kD);
+    return src.known_nan_free(pos, n) || !any_e4m3_nan(static_cast<const uint8_t*>(rows), n * kD);
   } else {
+    (void)src, (void)pos, (void)rows, (void)n;
     return true;
   }
 }
@@ -1065,7 +1073,7 @@ HWY_NOINLINE void load_tile_half(const PoolRows& src, int64_t pos, int64_t n, hw
         for (int64_t i = 0; i < kD; i += kLanes) hn::StoreU(fp16_bits(d16, row + i), d16, out + i);
       }
     };
-    if (readable_in_place<T, kStride>(in, rows)) {
+    if (readable_in_place<T, kStride>(src, pos, in, rows)) {
       convert(InPlace<T>{});
     } else {
       convert(T{});
@@ -1090,7 +1098,7 @@ HWY_INLINE int64_t in_place_stretch(const PoolRows& src, int64_t pos, int64_t en
   while (pos < end) {
     int64_t n = 0;
     const std::byte* run = src.run(pos, end, &n);
-    if (!readable_in_place<T, kD>(run, n)) break;
+    if (!readable_in_place<T, kD>(src, pos, run, n)) break;
     if (count == 0) *first = run;
     if constexpr (!kRowPointers) return n;
     for (int64_t i = 0; i < n; ++i) rows[count + i] = run + i * src.row_bytes;
@@ -1119,7 +1127,7 @@ HWY_INLINE int64_t list_runs(const PoolRows& src, int64_t pos, int64_t end, cons
   while (list->runs < RunList<Row>::kMaxRuns && n < most && pos + n < end) {
     int64_t rows = 0;
     const std::byte* run = src.run(pos + n, end, &rows);
-    if (n + rows > most || !readable_in_place<T, kD>(run, rows)) break;
+    if (n + rows > most || !readable_in_place<T, kD>(src, pos + n, run, rows)) break;
     list->first[list->runs] = reinterpret_cast<const Row*>(run);
     n += rows;
     list->begin[++list->runs] = n;
@@ -1167,8 +1175,8 @@ void partial_impl(const PartialTask& t) {
   reset_states(t, kDv);
   const ReadPlan plan(t);
   if (plan.empty()) return;
-  const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(T));
-  const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T));
+  const PoolRows k_src(t.k_layer, t.blocks, g, t.kv_head, sizeof(T), t.nan_free);
+  const PoolRows v_src(t.v_layer, t.blocks, g, t.kv_head, sizeof(T), t.nan_free);
   constexpr int64_t kLinesPerRow = std::max<int64_t>(1, kD * static_cast<int64_t>(sizeof(T)) / 64);
   const int64_t lines_per_row = kLinesPerRow;
   LinePrefetch prefetch(plan, k_src, v_src, t.prefetch_ahead.rows(rows) * lines_per_row, t.prefetch.fma(rows));

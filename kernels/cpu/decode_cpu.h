@@ -18,6 +18,7 @@
 // positions, another thread) has the bits it has alone; in fast mode
 // (batch_invariant false) a task of many rows may score them in another order.
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -64,6 +65,9 @@ struct PartialTask {
   // itself, of whose rows the first v_head_dim elements are V.
   const void* v_layer = nullptr;
   const int32_t* blocks = nullptr;    // a block table holding the chunk (every position's: they are equal there)
+  // An e4m3 cache's marks at this layer: per block, its leading slots known to
+  // hold no NaN code (nan_free_slots.h); null: none known, every run scanned.
+  const std::atomic<int32_t>* nan_free = nullptr;
   int32_t kv_head = 0;
   int64_t chunk_begin = 0;            // first position of the chunk (a multiple of the split length)
   int64_t chunk_end = 0;              // one past its last position

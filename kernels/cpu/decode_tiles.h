@@ -6,6 +6,7 @@
 // a fixed distance ahead of the reads.
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <hwy/base.h>
 
 #include "cpu/decode_cpu.h"
+#include "cpu/nan_free_slots.h"
 #include "cpu/prefetch_levels.h"
 
 namespace pagoda::cpu {
@@ -31,11 +33,13 @@ struct PoolRows {
   const int32_t* blocks;
   const CacheGeometry& g;
   int32_t kv_head;
-  int64_t row_bytes;  // head_dim * element size
+  int64_t row_bytes;                     // head_dim * element size
+  const std::atomic<int32_t>* nan_free;  // the layer's NaN-free marks (nan_free_slots.h), or null
 
-  PoolRows(const void* p, const int32_t* b, const CacheGeometry& geometry, int32_t head, size_t elem)
+  PoolRows(const void* p, const int32_t* b, const CacheGeometry& geometry, int32_t head, size_t elem,
+           const std::atomic<int32_t>* nan_free_marks = nullptr)
       : pool(static_cast<const std::byte*>(p)), blocks(b), g(geometry), kv_head(head),
-        row_bytes(static_cast<int64_t>(geometry.head_dim) * static_cast<int64_t>(elem)),
+        row_bytes(static_cast<int64_t>(geometry.head_dim) * static_cast<int64_t>(elem)), nan_free(nan_free_marks),
         block_bytes_(geometry.block_stride() * static_cast<int64_t>(elem)),
         head_bytes_(static_cast<int64_t>(head) * geometry.head_stride() * static_cast<int64_t>(elem)),
         block_shift_(std::has_single_bit(static_cast<uint32_t>(geometry.block_size))
@@ -59,6 +63,14 @@ struct PoolRows {
     }
     *rows = std::min<int64_t>(g.block_size - slot, end - pos);
     return pool + blocks[block] * block_bytes_ + head_bytes_ + slot * row_bytes;
+  }
+
+  // Whether the run of `rows` rows at `pos` (one block's) is known to hold no
+  // e4m3 NaN code, so that it may be read without its scan.
+  bool known_nan_free(int64_t pos, int64_t rows) const {
+    if (nan_free == nullptr) return false;
+    const int64_t block = block_shift_ >= 0 ? pos >> block_shift_ : pos / g.block_size;
+    return cpu::known_nan_free(nan_free, blocks[block], pos - block * g.block_size, rows);
   }
 
  private:

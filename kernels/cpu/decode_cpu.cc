@@ -238,8 +238,8 @@ HWY_INLINE bool any_e4m3_nan(const uint8_t* HWY_RESTRICT p, int64_t n) {
 // cache: appends refuse non-finite values), else scanned. Skipping the scan
 // took e4m3 GQA 4 with one query row to 0.89-0.93x the time at 8 x 4096
 // tokens on 2 threads and 0.93-0.95x on one thread with the K/V in L2, four
-// query rows 0.98x to level (AMD Zen 3, AVX2, medians and minimums of 6 to 8
-// alternating runs).
+// query rows 0.96x in L2 and level within the noise on 2 threads (AMD Zen 3,
+// AVX2, medians and minimums of 6 to 10 alternating runs).
 template <typename T, int kD>
 HWY_INLINE bool readable_in_place(const PoolRows& src, int64_t pos, const void* rows, int64_t n) {
   if constexpr (std::is_same_v<T, Fp8E4M3Bits>) {

@@ -165,10 +165,14 @@ int64_t FirstAllOnes(const std::byte* data, int64_t n, Word exponent, DType dtyp
   return tail < 0 ? -1 : i + tail;
 }
 
-// fp32, fp16 and bf16: infinity and NaN are the words with every exponent bit set.
+// fp32, fp16, bf16 and e5m2: infinity and NaN are the words with every
+// exponent bit set; e4m3 has no infinity and one NaN code per sign, every bit
+// but the sign set.
 int64_t FirstNonFinite(const void* data, int64_t n, DType dtype) {
   const auto* bytes = static_cast<const std::byte*>(data);
   if (dtype == DType::kFloat32) return FirstAllOnes<uint32_t>(bytes, n, 0x7f800000u, dtype);
+  if (dtype == DType::kFloat8E4M3) return FirstAllOnes<uint8_t>(bytes, n, uint8_t{0x7f}, dtype);
+  if (dtype == DType::kFloat8E5M2) return FirstAllOnes<uint8_t>(bytes, n, uint8_t{0x7c}, dtype);
   return FirstAllOnes<uint16_t>(bytes, n, dtype == DType::kFloat16 ? uint16_t{0x7c00} : uint16_t{0x7f80}, dtype);
 }
 
@@ -202,9 +206,11 @@ int64_t first_non_finite(const void* data, DType dtype, int64_t n) {
   switch (dtype) {
     case DType::kFloat32:
     case DType::kFloat16:
-    case DType::kBFloat16: return HWY_DYNAMIC_DISPATCH(FirstNonFinite)(data, n, dtype);
-    default: return scalar_first_non_finite(data, dtype, n);
+    case DType::kBFloat16:
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: return HWY_DYNAMIC_DISPATCH(FirstNonFinite)(data, n, dtype);
   }
+  return scalar_first_non_finite(data, dtype, n);
 }
 
 namespace {

@@ -62,7 +62,6 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
   const bool with_v = !g.latent();  // latent attention: V is K's prefix, written with it
   // An e4m3 cache's marks learn of each slot written (a NaN input's code among them or not).
   NanFreeSlots& nan_free = backend_.nan_free_slots();
-  const int64_t head_bytes = row * static_cast<int64_t>(dtype_size(g.dtype));
   for (const KvWrite& w : writes) {
     const size_t in_size = dtype_size(w.dtype);
     const KvScale scale = backend_.kv_scale(w.layer);
@@ -73,23 +72,20 @@ Status CpuStream::write_kv(std::span<const KvWrite> writes) {
       const auto block = static_cast<int32_t>(w.slots[i] / g.block_size);
       const auto slot = static_cast<int32_t>(w.slots[i] % g.block_size);
       bool nan = false;
+      // One head's row in, converted into the cache at dst.
+      const auto store = [&](const void* in, int64_t at, float s, std::byte* dst) {
+        const std::byte* src = static_cast<const std::byte*>(in) + at * in_size;
+        if (plain) {
+          convert(src, w.dtype, dst, g.dtype, row);
+        } else {
+          saturated += store_scaled(src, w.dtype, s, dst, g.dtype, row);
+        }
+        if (nan_free.tracking() && !nan) nan = first_non_finite(dst, g.dtype, row) >= 0;
+      };
       for (int32_t h = 0; h < g.num_kv_heads; ++h) {
-        const int64_t src = (static_cast<int64_t>(i) * g.num_kv_heads + h) * row;
-        const std::byte* k = static_cast<const std::byte*>(w.k) + src * in_size;
-        if (plain) {
-          convert(k, w.dtype, backend_.k_at(w.layer, block, h, slot), g.dtype, row);
-        } else {
-          saturated += store_scaled(k, w.dtype, scale.k, backend_.k_at(w.layer, block, h, slot), g.dtype, row);
-        }
-        if (nan_free.tracking()) nan = nan || any_e4m3_nan_code(backend_.k_at(w.layer, block, h, slot), head_bytes);
-        if (!with_v) continue;
-        const std::byte* v = static_cast<const std::byte*>(w.v) + src * in_size;
-        if (plain) {
-          convert(v, w.dtype, backend_.v_at(w.layer, block, h, slot), g.dtype, row);
-        } else {
-          saturated += store_scaled(v, w.dtype, scale.v, backend_.v_at(w.layer, block, h, slot), g.dtype, row);
-        }
-        if (nan_free.tracking()) nan = nan || any_e4m3_nan_code(backend_.v_at(w.layer, block, h, slot), head_bytes);
+        const int64_t at = (static_cast<int64_t>(i) * g.num_kv_heads + h) * row;
+        store(w.k, at, scale.k, backend_.k_at(w.layer, block, h, slot));
+        if (with_v) store(w.v, at, scale.v, backend_.v_at(w.layer, block, h, slot));
       }
       nan_free.wrote(w.layer, block, slot, nan);
     }
@@ -128,16 +124,16 @@ Status CpuStream::write_kv_raw(int32_t layer, std::span<const int64_t> slots, co
     assert(slots[i] >= 0 && slots[i] < static_cast<int64_t>(g.num_blocks) * g.block_size);
     const auto block = static_cast<int32_t>(slots[i] / g.block_size);
     const auto slot = static_cast<int32_t>(slots[i] % g.block_size);
-    bool nan = false;
     for (int32_t h = 0; h < g.num_kv_heads; ++h) {
       const size_t at = (i * static_cast<size_t>(g.num_kv_heads) + static_cast<size_t>(h)) * row;
       std::memcpy(backend_.k_at(layer, block, h, slot), k_in + at, row);
       if (with_v) std::memcpy(backend_.v_at(layer, block, h, slot), v_in + at, row);
-      if (nan_free.tracking()) {
-        nan = nan || any_e4m3_nan_code(k_in + at, static_cast<int64_t>(row)) ||
-              (with_v && any_e4m3_nan_code(v_in + at, static_cast<int64_t>(row)));
-      }
     }
+    // The token's rows of every head lie together in the input: one scan each for K and V.
+    const size_t token = i * static_cast<size_t>(g.num_kv_heads) * row;
+    const int64_t elements = static_cast<int64_t>(g.num_kv_heads) * g.head_dim;
+    const bool nan = nan_free.tracking() && (first_non_finite(k_in + token, g.dtype, elements) >= 0 ||
+                                             (with_v && first_non_finite(v_in + token, g.dtype, elements) >= 0));
     nan_free.wrote(layer, block, slot, nan);
   }
   return Status::Ok();

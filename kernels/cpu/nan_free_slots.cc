@@ -1,7 +1,5 @@
 #include "cpu/nan_free_slots.h"
 
-#include <algorithm>
-
 namespace pagoda::cpu {
 
 NanFreeSlots::NanFreeSlots(const CacheGeometry& g) {
@@ -34,14 +32,6 @@ void NanFreeSlots::copied(int32_t src, int32_t dst) {
 void NanFreeSlots::poisoned(int32_t block) {
   if (!tracking()) return;
   for (int32_t layer = 0; layer < layers_; ++layer) mark(layer, block).store(0, std::memory_order_relaxed);
-}
-
-bool any_e4m3_nan_code(const std::byte* p, int64_t n) {
-  // With the sign bit set, the NaN code is the only one reading 0xFF: a
-  // maximum, which the compiler keeps in vectors.
-  uint8_t top = 0;
-  for (int64_t i = 0; i < n; ++i) top = std::max<uint8_t>(top, std::to_integer<uint8_t>(p[i]) | 0x80);
-  return top == 0xFF;
 }
 
 }  // namespace pagoda::cpu

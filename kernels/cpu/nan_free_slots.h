@@ -55,9 +55,6 @@ class NanFreeSlots {
   std::unique_ptr<std::atomic<int32_t>[]> marks_;  // [layers][blocks] leading NaN-free slots
 };
 
-// Whether the n e4m3 codes at p hold a NaN code (S.1111.111).
-bool any_e4m3_nan_code(const std::byte* p, int64_t n);
-
 // Whether rows [slot, slot + rows) of `block` are known NaN-free, given a
 // layer's marks (null: nothing is known).
 inline bool known_nan_free(const std::atomic<int32_t>* marks, int64_t block, int64_t slot, int64_t rows) {

@@ -115,6 +115,7 @@ TEST_P(ConvertSimd, FloatToBf16GivesTheScalarBitsForAMillionPatterns) {
 // The scan finds the first NaN or infinity wherever it lies (the SIMD body
 // and the tail), before a later one, from a start of any alignment, and
 // reports -1 for finite data: the largest finite value, subnormals and -0.
+// e4m3 has no infinity: its special codes are the NaN of each sign.
 TEST_P(ConvertSimd, FirstNonFiniteFindsTheFirstSpecialAtEveryPosition) {
   struct Case {
     DType dtype;
@@ -127,6 +128,8 @@ TEST_P(ConvertSimd, FirstNonFiniteFindsTheFirstSpecialAtEveryPosition) {
        {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u}},
       {DType::kFloat16, {0x3C00u, 0x7BFFu, 0x0001u, 0x8000u}, {0x7C00u, 0xFC00u, 0x7E00u, 0x7C01u}},
       {DType::kBFloat16, {0x3F80u, 0x7F7Fu, 0x0001u, 0x8000u}, {0x7F80u, 0xFF80u, 0x7FC0u, 0x7F81u}},
+      {DType::kFloat8E4M3, {0x7Eu, 0xFEu, 0x01u, 0x80u, 0x78u}, {0x7Fu, 0xFFu}},
+      {DType::kFloat8E5M2, {0x7Bu, 0xFBu, 0x01u, 0x80u}, {0x7Cu, 0xFCu, 0x7Eu, 0x7Du}},
   };
   for (const Case& c : cases) {
     const size_t word = dtype_size(c.dtype);

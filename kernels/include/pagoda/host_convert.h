@@ -36,7 +36,7 @@ void convert(const void* src, DType from, void* dst, DType to, int64_t n);
 int64_t store_scaled(const void* src, DType from, float scale, void* dst, DType to, int64_t n);
 
 // Index of the first NaN or infinity among n elements of `dtype`, or -1
-// (a vector of fp32, fp16 or bf16 words at a time).
+// (a vector of words at a time; for e4m3, its NaN code).
 int64_t first_non_finite(const void* data, DType dtype, int64_t n);
 
 }  // namespace pagoda

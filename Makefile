@@ -54,8 +54,10 @@ check-deploy: check-deps build
 # then the compute-bound rows: GQA 8, head_dim 64, bf16. Each row names its
 # bound and the fraction of it reached, and (--phases) where its tasks' time
 # goes: scores, softmax, P.V, merge, and how near the peak the first and third run.
+# Every row also goes to one Markdown table, printed at the end ($(BENCH_SUMMARY)).
+BENCH_SUMMARY = $(BUILD)/bench-summary.md
 BENCH_SHAPE = $(BUILD)/client/pagoda-bench kernel --batch 8 --context 4096 --q-heads 32 \
-	  --threads 2 --no-naive --block-size 16 --phases
+	  --threads 2 --no-naive --block-size 16 --phases --summary $(BENCH_SUMMARY)
 BENCH_KERNEL = $(BENCH_SHAPE) --target best,avx2
 # The bf16 rows: GQA 8, best (AMX tiles, else AVX512-BF16 dot products, where
 # the CPU has them) against AVX-512 FMAs (avx3) where there is AVX-512;
@@ -66,12 +68,14 @@ BF16_TARGETS = $(shell grep -qw avx512bw /proc/cpuinfo && echo best,avx3,avx2 ||
 BF16_UNIT_TARGETS = $(shell grep -qw amx_bf16 /proc/cpuinfo && echo best,amx || \
 	  { grep -qw avx512_bf16 /proc/cpuinfo && echo best,avx3 || echo best; })
 bench: build
+	@rm -f $(BENCH_SUMMARY)
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 128 --dtype fp16,fp8_e4m3,fp8_e5m2 --q-len 1,4
 	$(BENCH_KERNEL) --kv-heads 4 --head-dim 128 --dtype fp16 --q-len 1,4
 	$(BENCH_KERNEL) --kv-heads 8 --head-dim 64 --dtype fp16
 	$(BENCH_SHAPE) --kv-heads 4 --head-dim 128 --dtype bf16 --q-len 1,4 --target $(BF16_TARGETS)
 	$(BENCH_SHAPE) --kv-heads 8 --head-dim 128 --dtype bf16 --q-len 1,4 --target $(BF16_UNIT_TARGETS)
 	$(BENCH_SHAPE) --kv-heads 1 --head-dim 576 --v-head-dim 512 --dtype bf16 --target $(BF16_TARGETS)
+	@printf '\nsummary (%s):\n' $(BENCH_SUMMARY) && cat $(BENCH_SUMMARY)
 
 # The batching engine in one process, without the gRPC service.
 demo: build

@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -45,6 +48,7 @@ struct KernelOptions {
   bool naive = true;
   bool json = false;
   bool phases = false;  // CPU: time each row's kernel phases too (launches of their own)
+  std::string summary;  // a file to append the rows to as a Markdown table ("": none)
 };
 
 // Deterministic pseudo-random values in [-1, 1): cheap enough to fill gigabytes.
@@ -234,6 +238,19 @@ int run(const KernelOptions& o) {
   if (!cpu && (o.prefetch.size() != 1 || o.prefetch[0] != "auto")) {
     fmt::print(stderr, "pagoda-bench kernel: --prefetch: expected auto with --backend cuda, received a CPU level\n");
     return 2;
+  }
+  // The summary file is opened before the run, so that a path that cannot be
+  // written fails at once rather than after minutes of launches.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> summary(nullptr, &std::fclose);
+  bool summary_header = false;
+  if (!o.summary.empty()) {
+    summary.reset(std::fopen(o.summary.c_str(), "a"));
+    if (!summary) {
+      fmt::print(stderr, "pagoda-bench kernel: --summary: expected a file that can be appended to, received '{}' ({})\n",
+                 o.summary, std::strerror(errno));
+      return 2;
+    }
+    summary_header = std::fseek(summary.get(), 0, SEEK_END) == 0 && std::ftell(summary.get()) == 0;
   }
   const int32_t max_context = *std::max_element(o.contexts.begin(), o.contexts.end());
   const int32_t min_context = *std::min_element(o.contexts.begin(), o.contexts.end());
@@ -441,6 +458,7 @@ int run(const KernelOptions& o) {
   } else {
     print_table(report);
   }
+  if (summary) append_summary(report, summary.get(), summary_header);
   return 0;
 }
 
@@ -498,6 +516,10 @@ void add_kernel_command(CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   sub->add_flag("!--no-naive", o->naive, "skip the naive scores-materialised path");
   sub->add_flag("--json", o->json, "print one JSON object instead of the table");
+  sub->add_option("--summary", o->summary,
+                  "append one Markdown table row per launch to this file (the table's header first when the file is "
+                  "new): target, shape, dtype, bound, fractions of the roofline and of the read, time over one query "
+                  "row's and over the first dtype's");
   sub->add_flag("--phases", o->phases,
                 "CPU: also time each row's kernel phases (scores, softmax, P.V, merge, the rest) on the kernel's own "
                 "clock, in launches after the timed ones, and how near the peak q.k's and P.V's phases run");

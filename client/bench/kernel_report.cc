@@ -172,4 +172,34 @@ void print_json(const KernelReport& rep) {
   fmt::print("]}}\n");
 }
 
+void append_summary(const KernelReport& rep, std::FILE* out, bool header) {
+  const CacheGeometry& g = rep.geometry;
+  if (header) {
+    fmt::print(out, "{} on {}; the roofline: the K/V bytes at the read bandwidth or the FLOPs at the compute peak, "
+                    "whichever is longer, both measured in the same run\n\n",
+               rep.backend, rep.device);
+    fmt::print(out, "| target | shape | dtype | q_len | mode | bound | of roof | of read | vs q1 | vs first dtype |\n"
+                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  }
+  // The heads as the row block sees them: a GQA group, or latent attention's
+  // one KV head of head_dim K with V its prefix.
+  const std::string heads = g.latent() ? fmt::format("latent {}/{}, {} heads", g.head_dim, g.v_dim(), g.num_q_heads)
+                                       : fmt::format("GQA {}, head_dim {}", g.group_size(), g.head_dim);
+  for (const KernelRow& r : rep.rows) {
+    std::string shape = fmt::format("{}, {} x {}, block {}", heads, rep.batch, r.context, g.block_size);
+    if (r.window > 0) shape += fmt::format(", window {}", r.window);
+    if (r.shared_prefix > 0) shape += fmt::format(", {} shared", r.shared_prefix);
+    // The target that ran, and what was asked where it says more: `best`
+    // resolves to a target the other rows may name too.
+    std::string target = r.target;
+    if (r.selection == "best") target += " (best)";
+    if (!r.prefetch.empty() && r.prefetch != "auto") target += fmt::format(", prefetch {}", r.prefetch);
+    const double vs_first = rep.time_over_first_dtype(r);
+    fmt::print(out, "| {} | {} | {} | {} | {} | {} | {:.2f} | {:.2f} | {} | {} |\n", target, shape,
+               dtype_name(r.dtype), r.q_len, r.mode, rep.bound(r), rep.fraction_of_roofline(r),
+               r.bandwidth() / r.baseline, ratio_cell(rep.time_over_one_row(r), 2),
+               vs_first > 0 ? fmt::format("{} ({})", ratio_cell(vs_first, 2), dtype_name(rep.dtypes.front())) : "-");
+  }
+}
+
 }  // namespace pagoda::bench

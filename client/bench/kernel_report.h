@@ -5,6 +5,7 @@
 // FMA peak / FLOPs per K/V byte).
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -72,5 +73,11 @@ struct KernelReport {
 
 void print_table(const KernelReport& report);
 void print_json(const KernelReport& report);
+// One Markdown table row per launch, appended to `out` (--summary): ISA, shape,
+// dtype, query rows, mode, bound, fraction of the roofline and of the read,
+// time over one query row's and over the first dtype's. `header`: the file is
+// new, so the device and the table's header go first. Several runs of the
+// benchmark append to one file, so `make bench` ends in one table.
+void append_summary(const KernelReport& report, std::FILE* out, bool header);
 
 }  // namespace pagoda::bench

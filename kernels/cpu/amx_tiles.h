@@ -2,7 +2,7 @@
 // Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and later) for the
 // CPU kernel's bf16 caches (and fp8 ones, widened to bf16 exactly): Q.K^T and P.V as tile multiplies of bf16 inputs
 // with fp32 accumulation (TDPBF16PS), the softmax around them staying in
-// AVX-512 (decode_cpu.cc). Plain functions with target attributes, called only
+// AVX-512 (decode_units_inl.h). Plain functions with target attributes, called only
 // after available() said yes; no Highway here.
 //
 // Layouts. A tile is 16 rows of 64 bytes. TDPBF16PS C[m][n] += sum over k of

@@ -1,7 +1,7 @@
 #pragma once
 // The bf16 operand layouts of the CPU kernel's matrix-unit paths: AMX tiles
 // (amx_tiles.h) and AVX512-BF16 dot products (bf16_dot.h) read the same packed
-// q, V and P, so the kernel (decode_cpu.cc) packs them once whichever unit
+// q, V and P, so the kernel (decode_units_inl.h) packs them once whichever unit
 // multiplies. Plain functions with target attributes (AVX512-BF16 and the
 // AVX-512 subsets), called only after one unit's available() said yes.
 //

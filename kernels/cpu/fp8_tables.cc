@@ -23,7 +23,7 @@
 namespace pagoda::cpu::fp8tab {
 namespace {
 
-// The fp16 bit pattern load_f32 builds from a code (decode_cpu.cc): e5m2 is
+// The fp16 bit pattern load_f32 builds from a code (decode_reads_inl.h): e5m2 is
 // the top byte of an fp16; e4m3's byte sign-extended, shifted left by 7, bit
 // 14 cleared (2^-8 of its value), and the NaN code given the all-ones exponent.
 uint16_t fp16_pattern(DType format, uint8_t code) {

@@ -13,7 +13,7 @@
 // products the codes are arranged first, so that the widened words land in
 // the packed operands themselves (pack_k, pack_v).
 //
-// Values: exactly those of load_f32 (decode_cpu.cc), NaN payloads included:
+// Values: exactly those of load_f32 (decode_reads_inl.h), NaN payloads included:
 // the tables are built from the same fp16 bit patterns and the same hardware
 // fp16 -> fp32 conversion, so a kernel reads the same bits either way. e4m3
 // reads 2^-8 of its value, as everywhere on the CPU (fp8_read_factor).

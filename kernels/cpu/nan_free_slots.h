@@ -2,7 +2,7 @@
 // Which slots of an e4m3 cache are known to hold no NaN code. e4m3 has one
 // NaN code per sign (S.1111.111) and no infinity, and its fast widening reads
 // a NaN code as a finite value, so the kernels scan a run before reading it
-// that way (decode_cpu.cc, readable_in_place). The service refuses non-finite
+// that way (decode_reads_inl.h, readable_in_place). The service refuses non-finite
 // K/V at append, so its cache never holds the code and the scan would find
 // nothing on every run of every step. The backend keeps, per layer and block,
 // how many leading slots are known NaN-free: a run inside them is read

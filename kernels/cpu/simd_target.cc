@@ -67,7 +67,8 @@ int32_t dot_min_group(DType dtype, int32_t head_dim, CpuFamily cpu) {
 }
 
 Status select_simd_target(const std::string& target) {
-  // Targets better than AVX2 on x86 (AVX3_DL is not compiled in, see decode_cpu.cc).
+  // Targets better than AVX2 on x86 (AVX3_DL is compiled only under
+  // HWY_WANT_AVX3_DL, which this build leaves unset).
   const int64_t above_avx2 = HWY_AVX3 | HWY_AVX3_DL;
   hwy::SetSupportedTargetsForTest(0);  // back to what the CPU has
   g_unit_use = UnitUse::kWhereFaster;
@@ -110,7 +111,7 @@ Status select_simd_target(const std::string& target) {
   return InvalidArgument("target: expected best, amx, avx512bf16, avx3 or avx2, received '{}'", target);
 }
 
-// Both units are driven by an AVX3 function of decode_cpu.cc: the dispatched
+// Both units are driven by an AVX3 function of decode_units_inl.h: the dispatched
 // target must be that one.
 MatrixUnit matrix_unit_for(const CacheGeometry& g) {
   const UnitUse use = g_unit_use.load(std::memory_order_relaxed);

@@ -9,7 +9,7 @@
 // and tests/unit/convert_simd_test.cc holds the two equal bit for bit on every
 // target. The device has its own (kernels/cuda/device_convert.cuh, the hardware's
 // conversions), held to these by the CUDA tests; the CPU kernel widens cache
-// elements in registers (kernels/cpu/decode_cpu.cc, load_f32), held to these by
+// elements in registers (kernels/cpu/decode_reads_inl.h, load_f32), held to these by
 // the decode tests.
 
 #include <cstdint>

@@ -9,12 +9,12 @@
 #include <cmath>
 #include <cstring>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "cpu/decode_cpu.h"
 #include "pagoda/fp8.h"
 #include "pagoda/host_convert.h"
+#include "unit/on_simd_target.h"
 
 namespace pagoda::cpu {
 namespace {
@@ -55,14 +55,7 @@ std::vector<float> float_inputs() {
   return in;
 }
 
-class ConvertSimd : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override {
-    const Status s = select_simd_target(GetParam());
-    if (!s.ok()) GTEST_SKIP() << s.message();
-  }
-  void TearDown() override { EXPECT_TRUE(select_simd_target("best").ok()); }
-};
+class ConvertSimd : public pagoda::testing::OnSimdTarget {};
 
 // Every 16-bit code of `from` in bulk against `element`, bit for bit.
 void expect_every_code_widens_as(DType from, float (*element)(uint16_t)) {
@@ -270,8 +263,7 @@ TEST_P(ConvertSimd, FloatToFp8GivesTheScalarCodesAndSaturationCount) {
   for (int i = 0; i < 7; ++i) EXPECT_EQ(out[i], want[i]) << "case " << i << " on " << simd_target_name();
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, ConvertSimd, ::testing::Values("best", "avx2"),
-                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Targets, ConvertSimd, ::testing::Values("best", "avx2"), pagoda::testing::simd_target_name);
 
 }  // namespace
 }  // namespace pagoda::cpu

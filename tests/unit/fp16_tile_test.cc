@@ -18,6 +18,7 @@
 #include "pagoda/dtype.h"
 #include "reference/decode_table.h"
 #include "unit/cache_fixture.h"
+#include "unit/on_simd_target.h"
 
 namespace pagoda::testing {
 namespace {
@@ -31,16 +32,11 @@ struct TileCase {
   DType dtype = DType::kFloat16;
 };
 
-class Fp16Tile : public ::testing::TestWithParam<const char*> {
+class Fp16Tile : public OnSimdTarget {
  protected:
-  void SetUp() override {
-    const Status s = cpu::select_simd_target(GetParam());
-    if (s.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << s.message();
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
   void TearDown() override {
     cpu::force_fp16_tile(std::nullopt);
-    EXPECT_TRUE(cpu::select_simd_target("best").ok());
+    OnSimdTarget::TearDown();
   }
 };
 
@@ -113,8 +109,7 @@ TEST_P(Fp16Tile, TileAndInPlaceGiveTheSameBits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, Fp16Tile, ::testing::Values("avx3", "avx2"),
-                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Targets, Fp16Tile, ::testing::Values("avx3", "avx2"), simd_target_name);
 
 }  // namespace
 }  // namespace pagoda::testing

@@ -13,8 +13,8 @@
 
 #include "cpu/cpu_backend_impl.h"
 #include "cpu/nan_free_slots.h"
-#include "pagoda/cpu_targets.h"
 #include "unit/cache_fixture.h"
+#include "unit/on_simd_target.h"
 
 namespace pagoda::testing {
 namespace {
@@ -84,15 +84,8 @@ TEST(NanFreeSlots, MarksMoveWithWritesCopiesAndPoison) {
   EXPECT_EQ(mark(l1, 2), 16);
 }
 
-class NanFreeReads : public ::testing::TestWithParam<const char*> {
+class NanFreeReads : public OnSimdTarget {
  protected:
-  void SetUp() override {
-    const Status s = cpu::select_simd_target(GetParam());
-    if (s.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << s.message();
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
-  void TearDown() override { EXPECT_TRUE(cpu::select_simd_target("best").ok()); }
-
   static const std::atomic<int32_t>* marks(CacheFixture& f, int32_t layer) {
     return dynamic_cast<cpu::CpuBackend&>(f.backend()).nan_free_slots().layer(layer);
   }
@@ -178,7 +171,7 @@ TEST_P(NanFreeReads, AForkCopiesTheMarkOfABlockHoldingANanCode) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, NanFreeReads, ::testing::Values("best", "avx3", "avx2"));
+INSTANTIATE_TEST_SUITE_P(Targets, NanFreeReads, ::testing::Values("best", "avx3", "avx2"), simd_target_name);
 
 }  // namespace
 }  // namespace pagoda::testing

@@ -11,12 +11,11 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
-#include <string>
 #include <utility>
 #include <vector>
 
 #include "cpu/state_merge.h"
-#include "pagoda/cpu_targets.h"
+#include "unit/on_simd_target.h"
 
 namespace pagoda::testing {
 namespace {
@@ -41,14 +40,7 @@ Merged merge(SoftmaxStats<float> a, std::vector<float> acc_a, const SoftmaxStats
   return {a, std::move(acc_a)};
 }
 
-class MergeStateOnTarget : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const Status selected = cpu::select_simd_target(GetParam());
-    if (!selected.ok()) GTEST_SKIP() << selected.message();
-  }
-  void TearDown() override { EXPECT_TRUE(cpu::select_simd_target("best").ok()); }
-};
+class MergeStateOnTarget : public OnSimdTarget {};
 
 TEST_P(MergeStateOnTarget, EveryElementHasTheUnfusedSumsBits) {
   std::mt19937 rng(23);
@@ -98,8 +90,7 @@ TEST_P(MergeStateOnTarget, AnEmptySideLeavesTheOtherBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, MergeStateOnTarget, ::testing::Values("best", "avx3", "avx2"),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Targets, MergeStateOnTarget, ::testing::Values("best", "avx3", "avx2"), simd_target_name);
 
 }  // namespace
 }  // namespace pagoda::testing

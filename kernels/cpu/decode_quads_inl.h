@@ -53,6 +53,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // thread, 2048 tokens). Otherwise the choice depends on the group alone; a
 // score depends on its row's q and key only, whatever the blocking, the other
 // rows or the positions.
+// AVX2 keeps score_rows's order: two rows to a vector in blocks of 4 x 3
+// tokens took 0.97x the time from memory but 1.07-1.09x with the K/V in L3,
+// where the FMAs bind (AMD Zen 3; docs/design.md §2).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr bool kQuadScores = true;
 #else

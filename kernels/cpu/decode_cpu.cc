@@ -5,7 +5,7 @@
 //   decode_blocking_inl.h   vector types, register blocking
 //   decode_reads_inl.h      the cache's elements widened, a call's rows
 //   decode_scores_inl.h     q.K in register-blocked steps and lane trees
-//   decode_quads_inl.h      AVX-512's scores for groups of 8 and wider
+//   decode_quads_inl.h      quad scores for groups of 8 and wider
 //   decode_softmax_inl.h    exp2, lane sums, a row's softmax
 //   decode_values_inl.h     P.V
 //   decode_states_inl.h     a task's states: reset, softmax, merge

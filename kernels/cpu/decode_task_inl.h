@@ -56,7 +56,7 @@ void partial_impl(const PartialTask& t) {
   [[maybe_unused]] float* q_packed = tile + kTile * kD;  // AVX-512's quads, bf16's paired order
   auto* half_tile = reinterpret_cast<hwy::float16_t*>(tile);  // kHalfTile: the tile's first half, as fp16
   const bool quads =
-      kQuadScores && (g.group_size() >= kQuadMinGroup || (!t.batch_invariant && rows > 2 * kQuadRows));
+      kQuadScoresFor<T> && (g.group_size() >= kQuadMinGroup || (!t.batch_invariant && rows > kQuadFastRows));
 
   reset_states(t, kDv);
   const ReadPlan plan(t);
@@ -68,10 +68,11 @@ void partial_impl(const PartialTask& t) {
   LinePrefetch prefetch(plan, k_src, v_src, t.prefetch_ahead.rows(rows) * lines_per_row, t.prefetch.fma(rows));
   // Up to kDirectRows<T> rows read the cache directly (InPlace<T>); more share
   // a tile, converted once (an fp8 tile through the byte tables where they serve).
-  // Quad scores read a 16- or 32-bit cache in place whatever the rows (each
-  // key once for four row blocks), an fp8 cache from the tile, and an fp16
-  // one from the tile too where this CPU's family widens faster once
-  // (fp16_shared_through_tile).
+  // Quad scores read a 16- or 32-bit cache in place whatever the rows on
+  // AVX-512 (each key once for four row blocks), an fp8 cache from the tile,
+  // and an fp16 one from the tile too where this CPU's family widens faster
+  // once (fp16_shared_through_tile). AVX2's read fp32 in place and fp16 up to
+  // direct_rows, as its row blocks do (decode_quads_inl.h).
   const bool fp16_tile = std::is_same_v<T, hwy::float16_t> && t.fp16_tile;
   // On AVX2, where this family widens beside the FMAs (!t.fp16_tile), up
   // to four row blocks read a 16-bit cache in place, K and V alike, whatever
@@ -94,7 +95,8 @@ void partial_impl(const PartialTask& t) {
                           : sizeof(T) == 2   ? kAvx2Direct16BitRows
                           : kHalfTile<T>     ? kMaxTaskRows
                                              : kDirectRows<T>;
-  const bool direct_k = quads ? !kIsFp8<T> && !fp16_tile : rows <= direct_rows;
+  const bool direct_k = !quads ? rows <= direct_rows
+                                : !kIsFp8<T> && !fp16_tile && (kWideTarget || sizeof(T) == 4 || rows <= direct_rows);
   // V of a 16- or 32-bit cache is read in place on AVX-512 whatever the rows:
   // each block widens the rows it reads, where a tile widened them once and
   // was stored and reloaded. By position (one thread, K/V in L3, four query
@@ -111,8 +113,10 @@ void partial_impl(const PartialTask& t) {
   const bool direct_v = (kRowPointers && sizeof(T) >= 2) || (t.heads <= kDirectRows<T> && t.positions == 1) ||
                         (direct_rows > kDirectRows<T> && rows <= direct_rows);
   const bool tables = kIsFp8<T> && kWideTarget && t.fp8_tables;
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (quads) pack_q_quads<kD>(t, rows, q_packed);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
+  if constexpr (kQuadScoresFor<T>) {
+    if (quads) pack_q_quads<kD>(t, rows, q_packed);
+  }
 #endif
   // q of each row, in the order its keys are read (kPairedOrder: packed so,
   // where quad scores pack theirs).
@@ -209,21 +213,24 @@ void partial_impl(const PartialTask& t) {
         }
       }
       prefetch.consumed(n * lines_per_row);
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      if (quads) {
-        float* quad_outs[kMaxTaskRows];
-        for (int64_t r = 0; r < rows4; ++r) quad_outs[r] = scores + r * kSubBlockTokens + (pos - base);
-        with_rows(from, std::integral_constant<int, kD>(), [&](auto keys) {
-          using Element = typename decltype(keys)::Element;
-          if constexpr (kIsFp8Bits<Element>) {
-            HWY_ABORT("quad scores read fp8 keys from the tile only (direct_k)");
-          } else {
-            score_quads<Element, kD, kLinesPerRow>(q_packed, rows, keys, n, quad_outs, prefetch);
-          }
-        });
-        prefetch.catch_up();
-        pos += n;
-        continue;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
+      if constexpr (kQuadScoresFor<T>) {
+        if (quads) {
+          float* quad_outs[kMaxTaskRows];
+          for (int64_t r = 0; r < rows4; ++r) quad_outs[r] = scores + r * kSubBlockTokens + (pos - base);
+          const auto score = [&](auto keys) {
+            using Element = typename decltype(keys)::Element;
+            if constexpr (kIsFp8Bits<Element>) {
+              HWY_ABORT("quad scores read fp8 keys from a tile only (direct_k)");
+            } else {
+              score_quads<Element, kD, kLinesPerRow>(q_packed, rows, keys, n, quad_outs, prefetch);
+            }
+          };
+          with_listed_rows(k_listed, PointerRows<InPlace<T>>{k_row}, from, std::integral_constant<int, kD>(), score);
+          prefetch.catch_up();
+          pos += n;
+          continue;
+        }
       }
 #endif
       // The first row block requests this stretch's worth of lines as it goes.

@@ -44,14 +44,16 @@ TEST_P(CpuDecode, MatchesReference) { run_table_case(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Table, CpuDecode, ::testing::ValuesIn(decode_table()), case_name);
 
-// Groups of 9 to 15, which AVX-512 scores four rows to a vector (quad scores):
-// GQA 10's last row block holds two padding rows, GQA 12 is three whole
-// blocks. fp32 and fp16 caches are read in place; e4m3 goes wherever best
-// sends it (the tile on the FMAs, or the dot products).
+// Groups of 9 to 15, which AVX-512 scores four rows to a vector and AVX2 two
+// (quad scores): GQA 9's last row block holds one padding row on AVX2 and
+// three on AVX-512, GQA 10's two on AVX-512, GQA 12 is whole blocks on both,
+// and on AVX2 groups of 5 and 6 blocks end in calls of one and two blocks.
+// fp32 and fp16 caches are read in place; e4m3 goes wherever best sends it
+// (the tile on the FMAs, or the dot products).
 std::vector<Case> quad_group_table() {
   std::vector<Case> cases;
   for (int32_t d : {64, 128})
-    for (int32_t gqa : {10, 12})
+    for (int32_t gqa : {9, 10, 12})
       for (int32_t bs : {3, 16})
         for (DType cache : {DType::kFloat32, DType::kFloat16, DType::kFloat8E4M3})
           cases.push_back({d, gqa, bs, cache, DType::kFloat32});

@@ -200,6 +200,8 @@ HWY_INLINE void store_quad_scores(VF (&acc)[kBlocks][kTok], float* const* HWY_RE
     };
     put(0, _mm256_castps256_ps128(s0), _mm256_castps256_ps128(s1), _mm256_castps256_ps128(s2));
     put(1, _mm256_extractf128_ps(s0, 1), _mm256_extractf128_ps(s1, 1), _mm256_extractf128_ps(s2, 1));
+#else
+    static_assert(kTok != 3, "steps of three tokens are AVX2's");
 #endif
   } else {
     // Other blockings (AVX2's steps of 2 and 1, fewer than four blocks): the

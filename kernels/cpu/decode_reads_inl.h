@@ -28,10 +28,12 @@ HWY_BEFORE_NAMESPACE();
 namespace pagoda::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// The fp8 codes' types: a format, or e4m3 rows known to hold no NaN code.
+// The fp8 cache formats, and the codes' types: a format, or e4m3 rows known
+// to hold no NaN code.
 template <typename T>
-constexpr bool kIsFp8Bits = std::is_same_v<T, Fp8E5M2Bits> || std::is_same_v<T, Fp8E4M3Bits> ||
-                            std::is_same_v<T, Fp8E4M3FiniteBits>;
+constexpr bool kIsFp8 = std::is_same_v<T, Fp8E4M3Bits> || std::is_same_v<T, Fp8E5M2Bits>;
+template <typename T>
+constexpr bool kIsFp8Bits = kIsFp8<T> || std::is_same_v<T, Fp8E4M3FiniteBits>;
 
 // Lanes(d16) fp8 codes at p as fp16 bit patterns, made with integer steps on
 // 16-bit lanes: e5m2 is the top byte of an fp16. e4m3's byte, sign-extended to

@@ -30,8 +30,6 @@ namespace pagoda::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 template <typename T>
-constexpr bool kIsFp8 = std::is_same_v<T, Fp8E4M3Bits> || std::is_same_v<T, Fp8E5M2Bits>;
-template <typename T>
 constexpr DType kFp8Format = std::is_same_v<T, Fp8E4M3Bits> ? DType::kFloat8E4M3 : DType::kFloat8E5M2;
 
 // The first kD elements of rows [pos, pos + n) (kStride elements apart in the

@@ -85,7 +85,7 @@ demo: build
 # AddressSanitizer + UndefinedBehaviorSanitizer: one clang build without CUDA,
 # which also builds the libFuzzer targets (`make fuzz` runs them).
 SAN_BUILD ?= build-san
-SAN_FLAGS = -DPAGODA_CUDA=OFF -DPAGODA_SANITIZE=address,undefined -DPAGODA_FUZZ=ON
+SAN_FLAGS = -DPAGODA_CUDA=OFF -DPAGODA_SANITIZE=address,undefined -DPAGODA_FUZZ=ON -DPAGODA_RUNNABLE_SIMD_ONLY=ON
 sanitize: deps fuzz-deps
 	@CC=clang CXX=clang++ cmake -G Ninja -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(SAN_FLAGS) \
 	  > $(SAN_BUILD).configure.log 2>&1 || { cat $(SAN_BUILD).configure.log; exit 1; }

@@ -4,6 +4,8 @@ set(PAGODA_SANITIZE "" CACHE STRING
     "Sanitizers to build with: address, undefined, thread, address,undefined or empty")
 set_property(CACHE PAGODA_SANITIZE PROPERTY STRINGS "" address undefined thread "address,undefined")
 option(PAGODA_FUZZ "Build the libFuzzer targets (clang), with coverage on the code requests reach (fuzz/)" OFF)
+option(PAGODA_RUNNABLE_SIMD_ONLY
+       "Compile the kernels only for the SIMD targets this machine runs (test builds; kernels/cpu)" OFF)
 
 add_library(pagoda_options INTERFACE)
 target_compile_options(pagoda_options INTERFACE
